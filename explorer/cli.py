@@ -1,0 +1,317 @@
+"""The `explorer` command: parse, call the library, print. Errors are one line and exit 1."""
+
+from __future__ import annotations
+
+import sys
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from explorer.errors import ExplorerError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Which (layers, heads) split gives the best accuracy for a parameter budget?")
+out = Console()
+err = Console(stderr=True)
+
+
+class Format(str, Enum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+def _print_frame(frame, fmt: Format, title: str | None = None) -> None:
+    """A pandas frame as a rich table, CSV or JSON on stdout."""
+    if fmt is Format.csv:
+        sys.stdout.write(frame.to_csv(index=False))
+    elif fmt is Format.json:
+        sys.stdout.write(frame.to_json(orient="records", indent=1) + "\n")
+    else:
+        table = Table(title=title)
+        for col in frame.columns:
+            table.add_column(str(col), justify="right" if frame[col].dtype.kind in "iuf" else "left")
+        for row in frame.itertuples(index=False):
+            table.add_row(*(_cell(v) for v in row))
+        out.print(table)
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, int) and abs(value) >= 10_000:
+        return f"{value:,}"
+    return str(value)
+
+
+# -- params -------------------------------------------------------------------------------------------
+@app.command()
+def params(
+    space: Annotated[Optional[Path], typer.Argument(help="a space YAML; omit to count one configuration")] = None,
+    family: Annotated[Optional[str], typer.Option(help="family to count one configuration of")] = None,
+    layers: Annotated[Optional[int], typer.Option()] = None,
+    heads: Annotated[Optional[int], typer.Option()] = None,
+    width: Annotated[Optional[int], typer.Option()] = None,
+    mlp: Annotated[Optional[int], typer.Option()] = None,
+    dim: Annotated[list[str], typer.Option(help="another dimension, NAME=VALUE (repeatable)")] = [],
+    format: Annotated[Format, typer.Option("--format", "-f")] = Format.table,
+) -> None:
+    """Count parameters exactly: every feasible configuration of a space, or one configuration."""
+    import pandas as pd
+
+    from explorer.families import get_family
+    from explorer.space import load_space
+    from explorer.units import format_count
+
+    if space is not None:
+        sp = load_space(space)
+        base = sp.baseline
+        rows = [{**{k: c.dims[k] for k in c.free}, "params": c.params, "M": format_count(c.params),
+                 "flops": sp.family.flops(c.dims), "baseline": "*" if base and c.key == base.key else ""}
+                for c in sp.configs()]
+        _print_frame(pd.DataFrame(rows), format, title=f"{sp.name}: {sp.family.name}, counted {sp.family.counting}")
+        return
+    if family is None:
+        raise ExplorerError("give a space YAML, or --family with its dimensions", field="params")
+    fam = get_family(family)
+    given = {k: v for k, v in dict(layers=layers, heads=heads, width=width, mlp=mlp).items() if v is not None}
+    for item in dim:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ExplorerError(f"--dim {item!r}: write NAME=VALUE", field="--dim")
+        given[name] = _scalar(value)
+    try:
+        dims = fam.check({**fam.defaults(), **given}).model_dump()
+    except Exception as e:  # pydantic's message, first line
+        raise ExplorerError(str(e).splitlines()[1] if len(str(e).splitlines()) > 1 else str(e), field=family) from None
+    n = fam.params(dims)
+    _print_frame(pd.DataFrame([{**given, "params": n, "M": format_count(n), "flops": fam.flops(dims)}]), format,
+                 title=f"{family}, counted {fam.counting}")
+
+
+def _scalar(text: str):
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+# -- run / resume -----------------------------------------------------------------------------------------
+def _run(path: Path, *, create: bool, force: bool, executor: str | None, address: str | None,
+         reclaim: bool, dashboard: bool) -> None:
+    from explorer.executors import get_executor
+    from explorer.study import load_study_spec
+
+    study = load_study_spec(path)
+    if executor:
+        study.spec.executor.name = executor
+    if address:
+        study.spec.executor.address = address
+    ostudy = study.open(create=create, force=force)
+    if reclaim:
+        numbers = study.reclaim_running(ostudy)
+        if numbers:
+            err.print(f"reclaimed running trials {numbers}: their configurations are queued again")
+    total = study.spec.n_trials
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[front]}"), TimeElapsedColumn(), console=err, transient=False) as bar:
+        task = bar.add_task(study.spec.name, total=total, completed=study.finished(ostudy), front="")
+
+        def on_trial(s, t) -> None:
+            bar.update(task, completed=study.finished(s), front=f"front: {len(s.best_trials)} | last: #{t.number} {t.state.name.lower()}")
+
+        get_executor(study.spec.executor.name).run(study, ostudy, on_trial)
+    _status(study, ostudy)
+    if dashboard:
+        target = _render([path])
+        out.print(f"dashboard: {target}")
+
+
+@app.command()
+def run(
+    study: Annotated[Path, typer.Argument(help="a study YAML (see studies/)")],
+    executor: Annotated[Optional[str], typer.Option(help="local | ray (overrides the spec)")] = None,
+    address: Annotated[Optional[str], typer.Option(help="Ray cluster to join: auto, ray://host:port")] = None,
+    force: Annotated[bool, typer.Option(help="continue a stored study even if its space/task/budget changed")] = False,
+    dashboard: Annotated[bool, typer.Option(help="write the dashboard when done")] = True,
+) -> None:
+    """Run a study (create it, or continue the stored one) until it has n_trials finished trials."""
+    _run(study, create=True, force=force, executor=executor, address=address, reclaim=False, dashboard=dashboard)
+
+
+@app.command()
+def resume(
+    study: Annotated[Path, typer.Argument()],
+    executor: Annotated[Optional[str], typer.Option(help="local | ray (overrides the spec)")] = None,
+    address: Annotated[Optional[str], typer.Option()] = None,
+    reclaim: Annotated[bool, typer.Option(help="fail and re-queue RUNNING trials now (no other worker alive)")] = False,
+    force: Annotated[bool, typer.Option()] = False,
+    dashboard: Annotated[bool, typer.Option()] = True,
+) -> None:
+    """Continue a stored study; trials a dead worker left running are re-run, finished ones kept."""
+    _run(study, create=False, force=force, executor=executor, address=address, reclaim=reclaim, dashboard=dashboard)
+
+
+# -- status / export ------------------------------------------------------------------------------------------
+def _status(study, ostudy) -> None:
+    from explorer.frame import trials_frame
+    from explorer.pareto import objective_values, pareto_mask
+
+    frame = trials_frame(ostudy)
+    counts = frame["state"].value_counts().to_dict() if len(frame) else {}
+    out.print(f"[bold]{study.spec.name}[/]: {study.finished(ostudy)}/{study.spec.n_trials} finished; "
+              + ", ".join(f"{k.lower()} {v}" for k, v in sorted(counts.items())))
+    done = frame[frame["state"] == "COMPLETE"]
+    if "duplicate_of" in done:
+        done = done[done["duplicate_of"].isna()]
+    if len(done):
+        objs = [(o.name, o.direction) for o in study.objectives]
+        front = done[pareto_mask(objective_values(done, objs), [d for _, d in objs])]
+        cols = [c for c in ("number", "arch", "params", study.task.metric, "kappa_init_mean", "train_time_s") if c in front]
+        _print_frame(front.sort_values("params")[cols], Format.table, title="Pareto front")
+    failed = frame[frame["state"] == "FAIL"]
+    for row in failed.itertuples():
+        if isinstance(row.fail_reason, str):
+            out.print(f"trial {row.number} ({row.arch}) failed: {row.fail_reason}", markup=False)
+
+
+@app.command()
+def status(study: Annotated[Path, typer.Argument()]) -> None:
+    """Counts of trials by state and the current Pareto front."""
+    from explorer.study import load_study_spec
+
+    s = load_study_spec(study)
+    _status(s, s.open(create=False, force=True))
+
+
+class ExportFormat(str, Enum):
+    csv = "csv"
+    parquet = "parquet"
+
+
+@app.command()
+def export(
+    study: Annotated[Path, typer.Argument()],
+    format: Annotated[ExportFormat, typer.Option("--format", "-f")] = ExportFormat.csv,
+    out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="default: beside the study YAML")] = None,
+) -> None:
+    """Write the trials table (one row per trial) with pandas."""
+    from explorer.frame import trials_frame
+    from explorer.study import load_study_spec
+
+    s = load_study_spec(study)
+    frame = trials_frame(s.open(create=False, force=True))
+    target = out_path or study.with_suffix(f".{format.value}")
+    if format is ExportFormat.csv:
+        frame.to_csv(target, index=False)
+    else:
+        frame.assign(curve=frame["curve"].map(list), config=frame["config"].map(str)).to_parquet(target, index=False)
+    out.print(f"{len(frame)} trials -> {target}")
+
+
+# -- dashboard / recommend / condition ---------------------------------------------------------------------------
+def _render(paths: list[Path], target: Path | None = None) -> Path:
+    from explorer.dashboard import render_studies
+
+    return render_studies(paths, target)
+
+
+@app.command()
+def dashboard(
+    studies: Annotated[list[Path], typer.Argument(help="one or more study YAMLs (several: compared on one front)")],
+    out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="default: dashboards/<name>.html")] = None,
+    watch: Annotated[bool, typer.Option(help="re-render every few seconds while a study runs")] = False,
+    every: Annotated[float, typer.Option(help="seconds between renders with --watch")] = 5.0,
+) -> None:
+    """Write one self-contained HTML dashboard (plotly, opens offline)."""
+    target = _render(studies, out_path)
+    out.print(f"dashboard: {target}")
+    while watch:
+        time.sleep(every)
+        _render(studies, out_path)
+
+
+@app.command()
+def recommend(
+    study: Annotated[Path, typer.Argument()],
+    budget: Annotated[str, typer.Option(help="60M, 250k, 1.5e6, or 10%-below-baseline")],
+    verify: Annotated[bool, typer.Option(help="queue the recommended configuration and its neighbours in the study")] = False,
+) -> None:
+    """The best (layers, heads) split within a parameter budget, measured or (marked) predicted."""
+    from explorer.frame import trials_frame
+    from explorer.recommend import parse_budget
+    from explorer.recommend import recommend as best
+    from explorer.study import load_study_spec
+
+    s = load_study_spec(study)
+    ostudy = s.open(create=False, force=True)
+    base = s.space.baseline
+    try:
+        limit = parse_budget(budget, base.params if base else None)
+    except ExplorerError as e:
+        raise ExplorerError(str(e), field="--budget") from None
+    rec = best(trials_frame(ostudy), limit, base.key if base else None, s.task.metric,
+               [(c.key, c.dims, c.params) for c in s.space.configs()], s.task.higher_is_better)
+    for line in rec.lines():
+        out.print(line, markup=False)
+    if verify:
+        for key in rec.verify:
+            ostudy.enqueue_trial({"arch": key}, skip_if_exists=True)
+        out.print(f"queued {len(rec.verify)} configurations; run them with: explorer resume {study}", markup=False)
+
+
+@app.command()
+def condition(
+    space: Annotated[Path, typer.Argument(help="a space YAML")],
+    task: Annotated[str, typer.Option(help="task name, e.g. digits")] = "digits",
+    option: Annotated[list[str], typer.Option(help="task option NAME=VALUE (repeatable)")] = [],
+    seeds: Annotated[int, typer.Option(help="initialisations to average over")] = 3,
+    format: Annotated[Format, typer.Option("--format", "-f")] = Format.table,
+) -> None:
+    """κ(A) of each configuration's attention blocks at initialisation: Theorem 3.2's trend on your data."""
+    from explorer.conditioning import condition_table
+    from explorer.space import load_space
+    from explorer.tasks import get_task
+
+    options = {}
+    for item in option:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ExplorerError(f"--option {item!r}: write NAME=VALUE", field="--option")
+        options[name] = _scalar(value)
+    sp = load_space(space)
+    frame = condition_table(sp, get_task(task, options), seeds=tuple(range(seeds)))
+    cols = [c for c in ("width", "layers", "heads", "head_dim", "params", "kappa", "kappa_first", "kappa_last") if c in frame]
+    _print_frame(frame[cols], format, title=f"κ at initialisation on {task} (geometric mean over blocks and {seeds} seeds)")
+
+
+def main() -> None:
+    """Entry point: user errors are one line on stderr and exit 1."""
+    try:
+        app(standalone_mode=False)
+    except ExplorerError as e:
+        err.print(f"error: {e}", markup=False, highlight=False)
+        raise SystemExit(1) from None
+    except (typer.Exit, SystemExit) as e:
+        raise SystemExit(getattr(e, "exit_code", getattr(e, "code", 0))) from None
+    except Exception as e:
+        import click
+
+        if isinstance(e, click.exceptions.ClickException):
+            e.show()
+            raise SystemExit(e.exit_code) from None
+        if isinstance(e, click.exceptions.Abort):
+            raise SystemExit(130) from None
+        raise
+
+
+if __name__ == "__main__":
+    main()

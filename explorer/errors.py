@@ -1,0 +1,17 @@
+"""One error type whose message is one line naming where the bad input is."""
+
+from __future__ import annotations
+
+
+class ExplorerError(Exception):
+    """A user-facing error: the CLI prints `str(err)` as one line and exits non-zero."""
+
+    def __init__(self, message: str, *, source: str | None = None, field: str | None = None):
+        self.source = source
+        self.field = field
+        where = ": ".join(part for part in (source, field) if part)
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class TrialFailed(Exception):
+    """A trial that cannot produce a result (NaN loss, out of memory, timeout); the study goes on."""

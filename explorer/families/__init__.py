@@ -1,0 +1,85 @@
+"""Model families by name, like timm's `register_model` / `create_model`.
+
+A family knows how to count a configuration's parameters (and forward FLOPs) without building it,
+and how to build it. Adding a family is one new module in this package that calls `register`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
+
+import torch
+from pydantic import BaseModel
+
+from explorer.errors import ExplorerError
+
+Dims = Mapping[str, Any]
+Modality = Literal["image", "sequence", "lm"]
+
+_REGISTRY: dict[str, "Family"] = {}
+
+
+class Family(ABC):
+    """A model family: typed dimensions, an exact parameter count, FLOPs, and a builder.
+
+    Every family takes the dimensions `layers`, `heads`, `width`, `mlp` (the MLP hidden width) plus
+    its own (e.g. `img_size`, `patch`, `num_classes`, `vocab`, `seq_len`). `Dims` is a pydantic model
+    with `extra="forbid"` and defaults; `check(dims)` validates a mapping against it.
+    """
+
+    name: ClassVar[str]
+    modality: ClassVar[Modality]
+    counting: ClassVar[str]  # "closed-form" or "meta-device (cached)": how `params` counts
+    Dims: ClassVar[type[BaseModel]]
+
+    def check(self, dims: Dims) -> BaseModel:
+        """Validate `dims` against the family's dimensions model (raises pydantic.ValidationError)."""
+        return self.Dims.model_validate(dict(dims))
+
+    def defaults(self) -> dict[str, Any]:
+        """The dimensions the family fills in when a space leaves them out."""
+        return {k: f.default for k, f in self.Dims.model_fields.items() if not f.is_required()}
+
+    @abstractmethod
+    def params(self, dims: Dims) -> int:
+        """Exact number of parameters of `build(dims)`, computed without building it."""
+
+    @abstractmethod
+    def flops(self, dims: Dims) -> int:
+        """Forward FLOPs for one sample (2 per multiply-add of the matmuls, attention included)."""
+
+    @abstractmethod
+    def build(self, dims: Dims) -> torch.nn.Module:
+        """The model. Image: (B, C, H, W) -> (B, classes); sequence: (B, T) -> (B, classes); lm: (B, T) -> (B, T, vocab)."""
+
+
+def register(family_cls: type[Family]) -> type[Family]:
+    """Class decorator: make a family available by its `name`."""
+    if family_cls.name in _REGISTRY:
+        raise ValueError(f"family {family_cls.name!r} registered twice")
+    _REGISTRY[family_cls.name] = family_cls()
+    return family_cls
+
+
+def _load_all() -> None:
+    for mod in pkgutil.iter_modules(__path__):
+        if not mod.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{mod.name}")
+
+
+def get_family(name: str) -> Family:
+    """The registered family called `name`; an ExplorerError lists the known ones otherwise."""
+    _load_all()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ExplorerError(f"unknown family {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+
+
+def family_names() -> list[str]:
+    _load_all()
+    return sorted(_REGISTRY)

@@ -1,0 +1,293 @@
+"""Search spaces over depth, heads, MLP width and width, loaded from YAML and validated.
+
+A space is data: the family, the dimensions every configuration shares (`fixed`), the ones that move
+(`free`), and the constraints. It enumerates its feasible configurations in a stable order, with
+parameters counted exactly by the family before any model is built, and explains why any
+configuration is infeasible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from collections import Counter
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
+
+from explorer.errors import ExplorerError
+from explorer.families import Family, get_family
+from explorer.units import parse_count
+from explorer.yamlio import read_yaml, validation_error
+
+Scalar = int | float | str | bool
+CANONICAL = ("layers", "heads", "width", "mlp")
+
+
+class Range(BaseModel):
+    """`{min: 2, max: 12, step: 2}`: integers from min to max inclusive."""
+
+    model_config = ConfigDict(extra="forbid")
+    min: int
+    max: int
+    step: int = Field(1, gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "Range":
+        if self.max < self.min:
+            raise ValueError(f"max ({self.max}) is below min ({self.min})")
+        return self
+
+    def values(self) -> list[int]:
+        return list(range(self.min, self.max + 1, self.step))
+
+
+class Constraints(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    fixed_mlp: bool = True
+    heads_divide_width: bool = True
+    min_head_dim: int = Field(1, ge=1)
+    param_budget: tuple[int | None, int | None] = (None, None)
+
+    @field_validator("param_budget", mode="before")
+    @classmethod
+    def _counts(cls, value: Any) -> Any:
+        if not isinstance(value, (list, tuple)) or len(value) != 2:
+            raise ValueError("expected [lo, hi]; either may be null")
+        return tuple(None if v is None else parse_count(v) for v in value)
+
+
+class SpaceSpec(BaseModel):
+    """The YAML of a space, field for field."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    family: str
+    description: str = ""
+    fixed: dict[str, Scalar] = {}
+    free: dict[str, list[Scalar] | Range | Literal["divisors"]]
+    constraints: Constraints = Constraints()
+    baseline: dict[str, Scalar] | None = None
+
+    @field_validator("free", mode="before")
+    @classmethod
+    def _free(cls, free: Any) -> dict:
+        """Each free dimension: a list of values, `{min, max, step}`, or `divisors` (heads only)."""
+        if not isinstance(free, dict) or not free:
+            raise ValueError("expected a mapping of at least one dimension to its values")
+        out: dict[str, Any] = {}
+        for key, values in free.items():
+            if values == "divisors":
+                if key != "heads":
+                    raise ValueError(f"{key}: 'divisors' is only for heads")
+                out[key] = values
+            elif isinstance(values, dict):
+                try:
+                    out[key] = Range.model_validate(values)
+                except ValidationError as err:
+                    first = err.errors()[0]
+                    where = ".".join(map(str, first["loc"]))
+                    raise ValueError(f"{key}{'.' + where if where else ''}: {first['msg'].removeprefix('Value error, ')}") from None
+            elif isinstance(values, list) and values and all(isinstance(v, (int, float, str, bool)) for v in values):
+                out[key] = values
+            elif isinstance(values, list):
+                raise ValueError(f"{key}: {'empty list of values' if not values else 'values must be numbers or strings'}")
+            else:
+                raise ValueError(f"{key}: expected a list of values, {{min, max, step}} or 'divisors'")
+        return out
+
+
+@dataclass(frozen=True)
+class Config:
+    """One architecture: the family, its complete dimensions, and its exact parameter count."""
+
+    family: str
+    items: tuple[tuple[str, Scalar], ...]
+    free: tuple[str, ...]
+    params: int
+
+    @property
+    def dims(self) -> dict[str, Scalar]:
+        return dict(self.items)
+
+    @property
+    def key(self) -> str:
+        """The free dimensions, e.g. `layers=4,heads=2`: the name Optuna samples."""
+        dims = self.dims
+        return ",".join(f"{k}={dims[k]}" for k in self.free)
+
+    def __getitem__(self, name: str) -> Scalar:
+        return self.dims[name]
+
+
+class SearchSpace:
+    """A validated space; `configs()` are its feasible configurations."""
+
+    def __init__(self, spec: SpaceSpec, source: str = "<space>"):
+        self.spec = spec
+        self.source = source
+        self.family: Family = self._family()
+        self._check_dims()
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def _error(self, msg: str, field: str | None = None) -> ExplorerError:
+        return ExplorerError(msg, source=self.source, field=field)
+
+    def _family(self) -> Family:
+        try:
+            return get_family(self.spec.family)
+        except ExplorerError as err:
+            raise self._error(str(err), "family") from None
+
+    def _check_dims(self) -> None:
+        known = set(self.family.Dims.model_fields)
+        spec = self.spec
+        for section in ("fixed", "free"):
+            for key in getattr(spec, section):
+                if key not in known:
+                    raise self._error(f"{spec.family} has no dimension {key!r}; it has {', '.join(sorted(known))}", f"{section}.{key}")
+        if spec.constraints.fixed_mlp and "mlp" in spec.free:
+            raise self._error("fixed_mlp is true, so mlp must be fixed, not free", "free.mlp")
+        for key in sorted(set(spec.fixed) & set(spec.free)):
+            raise self._error("is both fixed and free", f"free.{key}")
+        fields = self.family.Dims.model_fields
+        for key, value in spec.fixed.items():
+            try:
+                TypeAdapter(fields[key].annotation).validate_python(value, strict=True)
+            except ValidationError as err:
+                raise self._error(err.errors()[0]["msg"], f"fixed.{key}") from None
+        if spec.free.get("heads") == "divisors" and "width" not in spec.fixed and "width" not in spec.free:
+            if "width" not in self.family.defaults():
+                raise self._error("'divisors' needs a width", "free.heads")
+        if spec.baseline is not None:
+            unknown = set(spec.baseline) - set(spec.free)
+            if unknown:
+                raise self._error(f"{sorted(unknown)[0]!r} is not a free dimension", "baseline")
+
+    @property
+    def free_dims(self) -> tuple[str, ...]:
+        """The free dimensions in a canonical order (depth first), whatever the YAML's order."""
+        rank = {k: i for i, k in enumerate(CANONICAL)}
+        return tuple(sorted(self.spec.free, key=lambda k: (rank.get(k, len(rank)), k)))
+
+    def _values(self, key: str, width: Any) -> list[Scalar]:
+        values = self.spec.free[key]
+        if values == "divisors":
+            return [h for h in range(1, int(width) + 1) if int(width) % h == 0]
+        if isinstance(values, Range):
+            return values.values()
+        return list(values)
+
+    def _candidates(self) -> list[dict[str, Scalar]]:
+        """Every combination of free values, fixed and default dims filled in, in a stable order."""
+        base = {**self.family.defaults(), **self.spec.fixed}
+        order = [k for k in self.free_dims if k != "heads"]  # heads may depend on width
+        out = []
+        for combo in itertools.product(*(self._values(k, None) for k in order)):
+            dims = {**base, **dict(zip(order, combo))}
+            if "heads" in self.spec.free:
+                for h in self._values("heads", dims.get("width")):
+                    out.append({**dims, "heads": h})
+            else:
+                out.append(dims)
+        return out
+
+    def _violations(self, dims: dict[str, Scalar]) -> tuple[list[tuple[str, str]], int | None]:
+        """(constraint, message) for each broken constraint, and the parameter count when it was needed."""
+        c = self.spec.constraints
+        found = [("fixed", f"{k}={dims.get(k)} but the space fixes {k}={v}") for k, v in self.spec.fixed.items() if dims.get(k) != v]
+        width, heads = dims.get("width"), dims.get("heads")
+        if isinstance(width, int) and isinstance(heads, int) and heads > 0:
+            if width % heads:
+                if c.heads_divide_width:
+                    found.append(("heads_divide_width", f"heads={heads} does not divide width={width}"))
+            elif width // heads < c.min_head_dim:
+                found.append(("min_head_dim", f"head dim {width // heads} < min_head_dim {c.min_head_dim}"))
+        if not found:
+            try:
+                self.family.check(dims)
+            except ValidationError as err:
+                first = err.errors()[0]
+                found.append(("dims", f"{'.'.join(map(str, first['loc'])) or 'dims'}: {first['msg']}"))
+        if found:
+            return found, None
+        params = self.family.params(dims)
+        lo, hi = c.param_budget
+        if lo is not None and params < lo:
+            found.append(("param_budget", f"{params:,} parameters < budget low {lo:,}"))
+        if hi is not None and params > hi:
+            found.append(("param_budget", f"{params:,} parameters > budget high {hi:,}"))
+        return found, params
+
+    def explain(self, dims: dict[str, Scalar]) -> list[str]:
+        """Why `dims` is not a feasible configuration of this space (empty when it is)."""
+        return [msg for _, msg in self._violations(dims)[0]]
+
+    @cached_property
+    def _enumerated(self) -> tuple[list[Config], Counter]:
+        feasible, rejected = [], Counter()
+        free = self.free_dims
+        for dims in self._candidates():
+            violations, params = self._violations(dims)
+            if violations:
+                rejected[violations[0][0]] += 1
+            else:
+                feasible.append(Config(self.spec.family, tuple(dims.items()), free, params))
+        return feasible, rejected
+
+    def configs(self) -> list[Config]:
+        """The feasible configurations; an ExplorerError when there are none."""
+        feasible, rejected = self._enumerated
+        if not feasible:
+            why = ", ".join(f"{n} rejected by {r}" for r, n in rejected.most_common()) or "nothing to enumerate"
+            raise self._error(f"no feasible configuration ({why})", "free")
+        return feasible
+
+    def config(self, key: str) -> Config:
+        """The feasible configuration called `key` (e.g. `layers=4,heads=2`)."""
+        for cfg in self.configs():
+            if cfg.key == key:
+                return cfg
+        raise self._error(f"no feasible configuration {key!r}")
+
+    @property
+    def baseline(self) -> Config | None:
+        """The space's reference configuration, when it declares one (it must be feasible)."""
+        if self.spec.baseline is None:
+            return None
+        wanted = self.spec.baseline
+        for cfg in self.configs():
+            if all(cfg.dims.get(k) == v for k, v in wanted.items()):
+                return cfg
+        dims = {**self.family.defaults(), **self.spec.fixed, **wanted}
+        why = "; ".join(self.explain(dims)) or "it is not in the free ranges"
+        raise self._error(f"baseline is infeasible: {why}", "baseline")
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.spec.model_dump(mode="json")
+
+    @property
+    def fingerprint(self) -> str:
+        """A hash of what defines the space, to refuse silently changing a running study's space."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def load_space(path: str | Path) -> SearchSpace:
+    """Load and validate a space YAML; every error names the file and the field."""
+    source = str(path)
+    data = read_yaml(path)
+    try:
+        spec = SpaceSpec.model_validate(data)
+    except ValidationError as err:
+        raise validation_error(err, source) from None
+    space = SearchSpace(spec, source)
+    space.configs()  # an empty space is an error at load time
+    space.baseline
+    return space
