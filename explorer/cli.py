@@ -17,8 +17,8 @@ from explorer.errors import ExplorerError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Which (layers, heads) split gives the best accuracy for a parameter budget?")
-out = Console()
-err = Console(stderr=True)
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 
 class Format(str, Enum):
@@ -175,7 +175,7 @@ def _status(study, ostudy) -> None:
     if len(done):
         objs = [(o.name, o.direction) for o in study.objectives]
         front = done[pareto_mask(objective_values(done, objs), [d for _, d in objs])]
-        cols = [c for c in ("number", "arch", "params", study.task.metric, "kappa_init_mean", "train_time_s") if c in front]
+        cols = [c for c in ("number", *study.space.free_dims, "params", study.task.metric, "kappa_init_mean", "train_time_s") if c in front]
         _print_frame(front.sort_values("params")[cols], Format.table, title="Pareto front")
     failed = frame[frame["state"] == "FAIL"]
     for row in failed.itertuples():
@@ -254,10 +254,7 @@ def recommend(
     s = load_study_spec(study)
     ostudy = s.open(create=False, force=True)
     base = s.space.baseline
-    try:
-        limit = parse_budget(budget, base.params if base else None)
-    except ExplorerError as e:
-        raise ExplorerError(str(e), field="--budget") from None
+    limit = parse_budget(budget, base.params if base else None)
     rec = best(trials_frame(ostudy), limit, base.key if base else None, s.task.metric,
                [(c.key, c.dims, c.params) for c in s.space.configs()], s.task.higher_is_better)
     for line in rec.lines():
@@ -295,6 +292,12 @@ def condition(
 
 def main() -> None:
     """Entry point: user errors are one line on stderr and exit 1."""
+    import warnings
+
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar and tables say it
+    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeats, since Optuna 2.8
     try:
         app(standalone_mode=False)
     except ExplorerError as e:

@@ -160,9 +160,24 @@ def test_changed_space_is_refused_unless_forced(tiny_study: Path) -> None:
     write_study(tiny_study.parent, space_doc=changed, n_trials=1)
     with pytest.raises(ExplorerError, match="another space; rerun with --force"):
         load_study_spec(tiny_study).open()
-    assert len(load_study_spec(tiny_study).open(force=True).trials) == 1
+    assert len(load_study_spec(tiny_study).open(force=True).get_trials(states=(COMPLETE,))) == 1
 
 
 def test_journal_storage(tmp_path: Path) -> None:
     ostudy = run(write_study(tmp_path, storage="journal:tiny.log", n_trials=2))
     assert len(ostudy.get_trials(states=(COMPLETE,))) == 2 and (tmp_path / "tiny.log").exists()
+
+
+STUDIES = sorted(Path(__file__).parents[1].joinpath("studies").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", STUDIES, ids=[p.stem for p in STUDIES])
+def test_shipped_studies_load_and_run_a_short_trial(path: Path, tmp_path: Path) -> None:
+    study = load_study_spec(path)
+    assert study.spec.n_trials >= 1 and study.keys
+    study.spec.storage = f"sqlite:///{tmp_path / 'shipped.db'}"
+    study.spec.budget.epochs, study.spec.budget.max_steps, study.spec.n_trials = 1, 2, 1
+    ostudy = study.open()
+    LocalExecutor().run(study, ostudy)
+    (trial,) = ostudy.get_trials(states=(COMPLETE,))
+    assert trial.user_attrs["params"] == study.configs[trial.params["arch"]].params

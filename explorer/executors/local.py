@@ -1,23 +1,39 @@
-"""Run a study's trials one after another in this process (Optuna's `study.optimize`)."""
+"""Run a study's trials one after another in this process (Optuna's `study.optimize`).
+
+Several such workers (processes, hosts) may run one study on a shared storage: a grid study's
+configurations are popped from its queue, each by one worker; a sampled configuration that an
+earlier trial of another worker is still training is waited for and answered from storage.
+"""
 
 from __future__ import annotations
 
+import time
+
 import optuna
+import torch
 
 from explorer.errors import ExplorerError, TrialFailed
 from explorer.executors import Executor, TrialCallback
-from explorer.study import Study
+from explorer.study import STORAGE_ERRORS, Study
 
 
 class LocalExecutor(Executor):
     def run(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None = None) -> None:
-        if study.remaining(ostudy) == 0:
+        try:
+            self._run(study, ostudy, on_trial)
+        except STORAGE_ERRORS as err:  # locked past the timeout, read-only, full, corrupt: finished trials stay stored
+            raise study.storage_error(err) from None
+
+    def _run(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None) -> None:
+        if _done(study, ostudy):
             return
         pruner = study.pruner()
         metric = study.task.metric
+        torch.set_num_threads(max(1, int(study.spec.executor.cpu)))  # CPUs per trial, as Ray would allot
 
         def objective(trial: optuna.Trial) -> list[float]:
             cfg = study.suggest(trial)
+            _await_earlier(study, ostudy, trial.number, cfg.key)
             seen = study.completed(ostudy).get(cfg.key)
             if seen is not None:  # a sampler may propose a configuration again: never train it twice
                 for key, value in seen.user_attrs.items():
@@ -50,13 +66,30 @@ class LocalExecutor(Executor):
         def after(s: optuna.Study, t: optuna.trial.FrozenTrial) -> None:
             if on_trial is not None:
                 on_trial(s, t)
-            if study.remaining(s) == 0 or _too_many_failures(study, s):
+            if _done(study, s) or _too_many_failures(study, s):
                 s.stop()
 
         ostudy.optimize(objective, callbacks=[after], catch=(TrialFailed,), gc_after_trial=False)
         if _too_many_failures(study, ostudy):
             raise ExplorerError(f"stopped after {study.failures(ostudy)} failed trials (max_failures: {study.spec.max_failures}); "
                                 "see `explorer status` for their reasons", source=str(study.source))
+
+
+def _done(study: Study, ostudy: optuna.Study) -> bool:
+    """n_trials reached, or (grid) nothing left in the queue: what runs elsewhere finishes there."""
+    return study.remaining(ostudy) == 0 or (study.spec.sampler.name == "grid" and study.waiting(ostudy) == 0)
+
+
+def _await_earlier(study: Study, ostudy: optuna.Study, number: int, key: str) -> None:
+    """Wait while an earlier trial (another worker's) trains the same configuration.
+
+    Only earlier trials are waited for, so two workers never wait for each other; a stale one (its
+    worker died) is failed by `waiting` after the heartbeat grace period, and then this trial trains.
+    """
+    running = (optuna.trial.TrialState.RUNNING,)
+    while any(t.number < number and t.params.get("arch") == key for t in ostudy.get_trials(deepcopy=False, states=running)):
+        time.sleep(study.spec.heartbeat_s)
+        study.waiting(ostudy)
 
 
 def _too_many_failures(study: Study, ostudy: optuna.Study) -> bool:

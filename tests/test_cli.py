@@ -1,0 +1,71 @@
+"""The `explorer` command end to end on a tiny study: every subcommand, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from explorer.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+
+def ok(*args: str) -> str:
+    result = runner.invoke(app, [str(a) for a in args])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return result.output
+
+
+def test_params_of_a_space_and_of_one_configuration() -> None:
+    rows = json.loads(ok("params", ROOT / "spaces" / "vit-digits.yaml", "--format", "json"))
+    assert len(rows) == 24 and {r["heads"] for r in rows} == {1, 2, 4, 8}
+    assert [r for r in rows if r["baseline"] == "*"][0]["layers"] == 6
+    csv = ok("params", "--family", "crammed-bert", "--layers", "10", "--heads", "24", "--format", "csv")
+    assert "84265728" in csv
+    assert "84395752" in ok("params", "--family", "timm-xcit", "--dim", "model=xcit_medium_24_p16_224", "--layers", "24", "--heads", "8", "-f", "csv")
+
+
+def test_run_status_export_recommend_dashboard(tiny_study: Path, tmp_path: Path) -> None:
+    out = ok("run", tiny_study, "--no-dashboard")
+    assert "6/6 finished" in out and "Pareto front" in out
+    assert "6/6 finished" in ok("status", tiny_study)
+    ok("export", tiny_study, "--format", "csv", "--out", tmp_path / "t.csv")
+    frame = pd.read_csv(tmp_path / "t.csv")
+    assert len(frame) == 6 and {"layers", "heads", "params", "accuracy", "kappa_init_mean"} <= set(frame.columns)
+    ok("export", tiny_study, "--format", "parquet", "--out", tmp_path / "t.parquet")
+    assert len(pd.read_parquet(tmp_path / "t.parquet")) == 6
+    rec = ok("recommend", tiny_study, "--budget", "4k")
+    assert "layers=1" in rec and "measured" in rec
+    ok("dashboard", tiny_study, "--out", tmp_path / "d.html")
+    assert (tmp_path / "d.html").stat().st_size > 100_000
+    assert "resume" in ok("recommend", tiny_study, "--budget", "4k", "--verify")
+
+
+def test_condition_prints_kappa_against_heads(tmp_path: Path) -> None:
+    space = tmp_path / "s.yaml"
+    space.write_text((ROOT / "spaces" / "vit-digits.yaml").read_text().replace("{min: 1, max: 6}", "[1]").replace("layers: 6, heads: 2", "layers: 1, heads: 2"))
+    rows = json.loads(ok("condition", space, "--task", "digits", "--seeds", "1", "-f", "json"))
+    kappa = [r["kappa"] for r in sorted(rows, key=lambda r: r["heads"])]
+    assert len(kappa) == 4 and kappa[0] > kappa[-1]
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["run", "nope.yaml"], "nope.yaml: file not found"),
+        (["params", "--family", "resnet"], "unknown family"),
+        (["recommend", "studies/digits-vit-trade.yaml", "--budget", "lots"], "not a count"),
+    ],
+)
+def test_errors_are_one_line_with_exit_code_1(args: list[str], words: str, tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "explorer.cli", *args], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], proc.stderr
