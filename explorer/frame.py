@@ -1,0 +1,67 @@
+"""A study's trials as one pandas row each: what pareto, recommend and the dashboard read."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import optuna
+import pandas as pd
+
+DIMS = ("layers", "heads", "width", "mlp")
+AFTER_METRIC = (
+    "kappa_init_mean",
+    "kappa_final_mean",
+    "train_time_s",
+    "device",
+    "fail_reason",
+    "datetime_start",
+    "datetime_complete",
+    "curve",
+    "config",
+)
+
+
+def columns(metric: str = "accuracy") -> list[str]:
+    """The frame's leading columns, in order; other scalar user attrs follow them."""
+    return ["number", "state", "arch", *DIMS, "params", "flops", metric, *AFTER_METRIC]
+
+
+def _scalar(value: Any) -> bool:
+    return isinstance(value, (int, float, str, bool)) and not (
+        isinstance(value, float) and math.isnan(value)
+    )
+
+
+def trials_frame(study: optuna.Study) -> pd.DataFrame:
+    """One row per trial; the metric column is named by the study's `metric` user attr.
+
+    `curve` is the per-epoch metric: the trial's intermediate values by step, else its `curve`
+    user attr (a study without a pruner may store only that).
+
+    Missing values (a failed trial has no accuracy) are NaN/None, so every trial of the storage
+    has a row and a failed one still shows its `fail_reason`.
+    """
+    metric = str(study.user_attrs.get("metric", "accuracy"))
+    head = columns(metric)
+    rows = []
+    for trial in study.get_trials(deepcopy=False):
+        attrs = trial.user_attrs
+        row: dict[str, Any] = {name: attrs.get(name) for name in head}
+        row.update(
+            number=trial.number,
+            state=trial.state.name,
+            arch=trial.params.get("arch", attrs.get("arch")),
+            datetime_start=trial.datetime_start,
+            datetime_complete=trial.datetime_complete,
+            curve=list(attrs.get("curve") or [trial.intermediate_values[s] for s in sorted(trial.intermediate_values)]),
+            config=dict(attrs.get("config") or {}),
+        )
+        row.update((k, v) for k, v in attrs.items() if k not in row and _scalar(v))
+        rows.append(row)
+    frame = pd.DataFrame(rows, columns=None if rows else head)
+    extra = sorted(c for c in frame.columns if c not in head)
+    frame = frame[head + extra]
+    numeric = [*DIMS, "params", "flops", metric, "kappa_init_mean", "kappa_final_mean", "train_time_s"]
+    frame[numeric] = frame[numeric].apply(pd.to_numeric, errors="coerce")
+    return frame.sort_values("number", ignore_index=True)

@@ -1,0 +1,270 @@
+"""The best (layers, heads[, mlp]) split for a parameter budget: measured, or predicted and marked so.
+
+Measured: the best completed trial within the budget. Predicted: when a feasible configuration
+inside the budget was never run, a least-squares surface fitted on the study at fixed width,
+
+    metric ~ a + b*log(layers) + c*log(heads) + d*log(layers)*log(heads)   [+ e*log(mlp)]
+
+predicts it with a 95% prediction interval; it is recommended only when even the interval's
+worse end beats the measured best, and only inside the (layers, heads) range the study covered.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from explorer.errors import ExplorerError
+from explorer.units import format_count, parse_count
+
+Candidate = tuple[str, dict[str, Any], int]  # (config key, complete dims, exact params)
+
+_BELOW = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*%\s*-?\s*below\s*-?\s*baseline\s*$", re.IGNORECASE)
+
+
+def parse_budget(text: str, baseline_params: int | None = None) -> int:
+    """`"60M"`, `"1.5e6"`, `"250k"`, `"baseline"` or `"10%-below-baseline"` -> a parameter count."""
+    below = _BELOW.match(text)
+    if below or text.strip().lower() == "baseline":
+        if baseline_params is None:
+            raise ExplorerError(f"{text!r} needs a study with a baseline", field="budget")
+        percent = float(below.group(1)) if below else 0.0
+        if percent >= 100:
+            raise ExplorerError(f"{text!r} leaves no parameters", field="budget")
+        return round(baseline_params * (1 - percent / 100))
+    try:
+        budget = parse_count(text)
+    except ValueError as err:
+        raise ExplorerError(f"{err}, or N%-below-baseline", field="budget") from None
+    if budget <= 0:
+        raise ExplorerError(f"{text!r} is not a positive parameter count", field="budget")
+    return budget
+
+
+@dataclass(frozen=True)
+class Surface:
+    """The fitted depth x heads model at one width; `predict` gives mean and 95% half-width."""
+
+    width: int
+    coef: np.ndarray
+    xtx_inv: np.ndarray
+    sigma: float  # residual standard error
+    dof: int
+    uses_mlp: bool
+    metric: str
+
+    @staticmethod
+    def features(layers: np.ndarray, heads: np.ndarray, mlp: np.ndarray, uses_mlp: bool) -> np.ndarray:
+        ll, lh = np.log(np.asarray(layers, float)), np.log(np.asarray(heads, float))
+        cols = [np.ones_like(ll), ll, lh, ll * lh] + ([np.log(np.asarray(mlp, float))] if uses_mlp else [])
+        return np.column_stack(cols)
+
+    def predict(self, layers: float, heads: float, mlp: float) -> tuple[float, float]:
+        x = self.features(np.array([layers]), np.array([heads]), np.array([mlp]), self.uses_mlp)[0]
+        se = self.sigma * math.sqrt(1.0 + float(x @ self.xtx_inv @ x))
+        return float(x @ self.coef), float(stats.t.ppf(0.975, self.dof) * se)
+
+    def describe(self) -> str:
+        terms = "a + b*log(layers) + c*log(heads) + d*log(layers)*log(heads)"
+        terms += " + e*log(mlp)" if self.uses_mlp else ""
+        return (
+            f"{self.metric} ~ {terms} at width {self.width} (least squares, "
+            f"{self.dof + len(self.coef)} trials, residual s.e. {self.sigma:.4g}, 95% prediction interval)"
+        )
+
+
+def fit_surface(df: pd.DataFrame, width: int, metric: str = "accuracy") -> Surface | None:
+    """Fit on the completed trials at `width`; None when they cannot pin the surface down."""
+    rows = df[(df["state"] == "COMPLETE") & (df["width"] == width)].dropna(subset=[metric, "layers", "heads"])
+    uses_mlp = rows["mlp"].nunique() > 1
+    x = Surface.features(rows["layers"], rows["heads"], rows["mlp"], uses_mlp)
+    y = rows[metric].to_numpy(float)
+    p = x.shape[1]
+    if len(y) < p + 2 or np.linalg.matrix_rank(x) < p:
+        return None
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    dof = len(y) - p
+    sigma = math.sqrt(float(np.sum((y - x @ coef) ** 2)) / dof)
+    return Surface(int(width), coef, np.linalg.pinv(x.T @ x), sigma, dof, uses_mlp, metric)
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """What to build for `budget`, how sure we are, and what it beats."""
+
+    budget: int
+    key: str
+    layers: int
+    heads: int
+    width: int | None
+    mlp: int | None
+    params: int
+    metric: str
+    value: float
+    kind: Literal["measured", "predicted"]
+    trial: int | None = None  # the trial that measured it
+    uncertainty: float | None = None  # 95% prediction half-width (predicted only)
+    model: str | None = None  # the fitted surface, in words (predicted only)
+    measured_key: str | None = None  # the measured best it was compared against (predicted only)
+    measured_value: float | None = None
+    baseline_key: str | None = None
+    baseline_value: float | None = None
+    baseline_params: int | None = None
+    margin: float | None = None  # value - baseline value, signed so > 0 means better
+    verify: tuple[str, ...] = ()  # study configs around it: a follow-up study runs these
+
+    def lines(self) -> list[str]:
+        """The recommendation as a few lines for a terminal."""
+        shown = f"{self.metric} {self.value:.4g}"
+        if self.kind == "predicted":
+            shown += f" ± {self.uncertainty:.2g} (predicted, not measured)"
+        else:
+            shown += f" (measured, trial {self.trial})"
+        out = [
+            f"budget {format_count(self.budget)}: {self.key} (mlp={self.mlp}, width={self.width}), "
+            f"{format_count(self.params)} params, {shown}"
+        ]
+        if self.kind == "predicted":
+            out.append(f"model: {self.model}")
+            if self.measured_key is not None:
+                out.append(f"best measured within budget: {self.measured_key}, {self.measured_value:.4g}")
+        if self.baseline_key is not None and self.baseline_value is None:
+            out.append(f"baseline {self.baseline_key} has no completed trial in this study")
+        elif self.baseline_key is not None:
+            verdict = "beats" if (self.margin or 0) > 0 else "does not beat"
+            out.append(
+                f"{verdict} baseline {self.baseline_key} ({format_count(self.baseline_params or 0)} params, "
+                f"{self.metric} {self.baseline_value:.4g}) by {self.margin:+.4g}"
+            )
+        out.append("verify around it: " + "; ".join(self.verify))
+        return out
+
+
+def _dims(row: dict[str, Any], name: str) -> int | None:
+    value = row.get(name)
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else int(value)
+
+
+def _known(done: pd.DataFrame, candidates: Sequence[Candidate]) -> pd.DataFrame:
+    """Every config the study measured or could run: arch, dims and params."""
+    cols = ["arch", "layers", "heads", "width", "mlp", "params"]
+    rows = done[cols].to_dict("records") + [
+        {"arch": k, **{d: dims.get(d) for d in cols[1:5]}, "params": p} for k, dims, p in candidates
+    ]
+    return pd.DataFrame(rows, columns=cols).drop_duplicates("arch")
+
+
+def _neighbours(key: str, known: pd.DataFrame, budget: int) -> tuple[str, ...]:
+    """Configs of `known` one step away in layers and/or heads at the same width and mlp."""
+    known = known.fillna({"width": -1, "mlp": -1})
+    me = known[known["arch"] == key].iloc[0]
+    same = known[(known["width"] == me["width"]) & (known["mlp"] == me["mlp"]) & (known["params"] <= budget)]
+    step = {}
+    for dim in ("layers", "heads"):
+        values = sorted(same[dim].unique())
+        rank = {v: i for i, v in enumerate(values)}
+        step[dim] = (same[dim].map(rank) - rank[me[dim]]).abs()
+    near = same[(step["layers"] <= 1) & (step["heads"] <= 1)].sort_values(["layers", "heads"])
+    return tuple(dict.fromkeys(near["arch"]))
+
+
+def _predictions(
+    done: pd.DataFrame, candidates: Sequence[Candidate], budget: int, metric: str
+) -> list[dict[str, Any]]:
+    """Surface predictions for the unmeasured candidates within budget, inside the studied range."""
+    out, surfaces = [], {}
+    measured = set(done["arch"])
+    for key, dims, params in candidates:
+        if key in measured or params > budget or dims.get("width") is None:
+            continue
+        at_width = done[done["width"] == dims["width"]]
+        if not (
+            at_width["layers"].min() <= dims["layers"] <= at_width["layers"].max()
+            and at_width["heads"].min() <= dims["heads"] <= at_width["heads"].max()
+        ):
+            continue
+        width = int(dims["width"])
+        if width not in surfaces:
+            surfaces[width] = fit_surface(done, width, metric)
+        if surfaces[width] is None:
+            continue
+        mean, half = surfaces[width].predict(dims["layers"], dims["heads"], dims.get("mlp") or 1)
+        out.append(
+            {**dims, "key": key, "arch": key, "params": params, "value": mean, "kind": "predicted",
+             "uncertainty": half, "model": surfaces[width].describe()}
+        )
+    return out
+
+
+def recommend(
+    df: pd.DataFrame,
+    budget: int,
+    baseline_key: str | None,
+    metric: str = "accuracy",
+    candidates: Sequence[Candidate] = (),
+    higher_is_better: bool = True,
+) -> Recommendation:
+    """Best configuration within `budget` from a `trials_frame`, measured or (marked) predicted.
+
+    `candidates` are the space's feasible configs; those inside the budget that no completed
+    trial measured are the ones the fitted surface may predict.
+    """
+    sign = 1.0 if higher_is_better else -1.0
+    done = df[(df["state"] == "COMPLETE")].dropna(subset=[metric, "params"])
+    inside = done[done["params"] <= budget]
+    measured: dict[str, Any] | None = None
+    if len(inside):  # ties: fewer params, then the earlier trial
+        best = inside.assign(_score=sign * inside[metric])
+        best = best.sort_values(["_score", "params", "number"], ascending=[False, True, True]).iloc[0]
+        measured = {**best.to_dict(), "key": best["arch"], "value": float(best[metric]), "kind": "measured",
+                    "trial": int(best["number"])}
+    predicted = [
+        p for p in _predictions(done, candidates, budget, metric)
+        if measured is None or sign * p["value"] - p["uncertainty"] > sign * measured["value"]
+    ]
+    chosen = max(predicted, key=lambda p: sign * p["value"]) if predicted else measured
+    if chosen is None:
+        raise ExplorerError(
+            f"no completed trial or predictable configuration within {format_count(budget)} parameters",
+            field="budget",
+        )
+
+    base = done[done["arch"] == baseline_key] if baseline_key is not None else done.iloc[0:0]
+    base_value = base_params = margin = None
+    if len(base):
+        top = base.assign(_score=sign * base[metric]).sort_values("_score", ascending=False).iloc[0]
+        base_value, base_params = float(top[metric]), int(top["params"])
+        margin = sign * (chosen["value"] - base_value)
+    elif baseline_key is not None:
+        base_params = next((p for k, _, p in candidates if k == baseline_key), None)
+
+    prior = measured if chosen["kind"] == "predicted" else None
+    return Recommendation(
+        budget=int(budget),
+        key=str(chosen["key"]),
+        layers=int(chosen["layers"]),
+        heads=int(chosen["heads"]),
+        width=_dims(chosen, "width"),
+        mlp=_dims(chosen, "mlp"),
+        params=int(chosen["params"]),
+        metric=metric,
+        value=float(chosen["value"]),
+        kind=chosen["kind"],
+        trial=chosen.get("trial"),
+        uncertainty=chosen.get("uncertainty"),
+        model=chosen.get("model"),
+        measured_key=prior["key"] if prior else None,
+        measured_value=prior["value"] if prior else None,
+        baseline_key=baseline_key,
+        baseline_value=base_value,
+        baseline_params=base_params,
+        margin=margin,
+        verify=_neighbours(str(chosen["key"]), _known(done, candidates), budget),
+    )

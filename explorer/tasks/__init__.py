@@ -1,0 +1,159 @@
+"""Data tasks by name: what a trial trains on, how it is split, and which metric judges it.
+
+A task is configured by the study YAML's `task:` mapping (its `name` picks the task, the rest are
+the task's validated `Options`). `dims()` tells the search space what the data fixes (image size,
+vocabulary, classes) without loading it; `load(batch_size, seed)` gives train/eval loaders whose
+batches are `(x, y)` tensors. Adding a task is one new module in this package that calls `register`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import torch
+from pydantic import BaseModel, ValidationError
+from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
+
+from explorer.errors import ExplorerError
+from explorer.yamlio import validation_error
+
+Modality = Literal["image", "sequence", "lm"]
+
+_REGISTRY: dict[str, type["Task"]] = {}
+
+
+@dataclass(frozen=True)
+class TaskData:
+    """Loaders for one trial. Batches are `(x, y)`; the train loader reshuffles every epoch."""
+
+    train: DataLoader
+    eval: DataLoader
+
+
+class Task(ABC):
+    """A data set with a fixed train/eval split and a metric.
+
+    `source` is the file the options came from, so that errors found later (a missing directory, a
+    file too short) still name it.
+    """
+
+    name: ClassVar[str]
+    modality: ClassVar[Modality]
+    metric: ClassVar[str]  # "accuracy" (classification) | "eval_loss" (language modelling)
+    higher_is_better: ClassVar[bool]
+    Options: ClassVar[type[BaseModel]]
+
+    def __init__(self, options: BaseModel, source: str | None = None):
+        self.options = options
+        self.source = source
+
+    def error(self, message: str, field: str | None = None) -> ExplorerError:
+        """An ExplorerError about this task's options, e.g. `error("not found", "root")`."""
+        return ExplorerError(message, source=self.source, field=f"task.{field}" if field else "task")
+
+    @abstractmethod
+    def dims(self) -> dict[str, Any]:
+        """The model dims the data fixes; cheap (no full data load).
+
+        image: {img_size, in_chans, num_classes}; sequence: {vocab, seq_len, num_classes};
+        lm: {vocab, seq_len}.
+        """
+
+    @abstractmethod
+    def load(self, batch_size: int, seed: int) -> TaskData:
+        """Train/eval loaders; the same `seed` gives the same batches in the same order."""
+
+
+def register(task_cls: type[Task]) -> type[Task]:
+    """Class decorator: make a task available by its `name`."""
+    if task_cls.name in _REGISTRY:
+        raise ValueError(f"task {task_cls.name!r} registered twice")
+    _REGISTRY[task_cls.name] = task_cls
+    return task_cls
+
+
+def _load_all() -> None:
+    for mod in pkgutil.iter_modules(__path__):
+        if not mod.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{mod.name}")
+
+
+def task_names() -> list[str]:
+    _load_all()
+    return sorted(_REGISTRY)
+
+
+def get_task(name: str, options: dict[str, Any] | None = None, source: str | None = None) -> Task:
+    """The task `name` configured by `options` (the YAML `task:` mapping without `name`).
+
+    An unknown name or a bad option is an ExplorerError naming `source` and the field.
+    """
+    _load_all()
+    try:
+        task_cls = _REGISTRY[name]
+    except KeyError:
+        raise ExplorerError(
+            f"unknown task {name!r}; known: {', '.join(sorted(_REGISTRY))}", source=source, field="task.name"
+        ) from None
+    try:
+        opts = task_cls.Options.model_validate(dict(options or {}))
+    except ValidationError as err:
+        raise validation_error(err, source or "", prefix="task") from None
+    return task_cls(opts, source=source)
+
+
+class EpochBatches(Sampler[list[int]]):
+    """Batches of indices, reshuffled each epoch from `(seed, epoch)` alone.
+
+    Like `DistributedSampler.set_epoch`: the order of epoch k does not depend on how many epochs ran
+    in this process, so a trial resumed from a checkpoint sees the same batches it would have seen.
+    Each iteration advances the epoch; `set_epoch` sets it explicitly.
+    """
+
+    def __init__(self, n: int, batch_size: int, shuffle: bool, seed: int = 0):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self.n, self.batch_size, self.shuffle, self.seed = n, batch_size, shuffle, seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return -(-self.n // self.batch_size)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        if self.shuffle:
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+            order = torch.randperm(self.n, generator=gen)
+        else:
+            order = torch.arange(self.n)
+        self.epoch += 1
+        for start in range(0, self.n, self.batch_size):
+            yield order[start : start + self.batch_size].tolist()
+
+
+def batch_loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int = 0) -> DataLoader:
+    """A DataLoader that fetches whole batches with one `dataset[list_of_indices]` call.
+
+    For in-memory data sets (a TensorDataset, or one whose `__getitem__` takes a list of indices):
+    no per-sample collation and no worker processes, so an epoch of digits costs milliseconds. The
+    loader's own generator keeps it from drawing on torch's global RNG (which the model's init uses).
+    """
+    sampler = EpochBatches(len(dataset), batch_size, shuffle, seed)  # type: ignore[arg-type]
+    return DataLoader(dataset, sampler=sampler, batch_size=None, generator=torch.Generator().manual_seed(seed))
+
+
+def tensor_data(
+    train: Sequence[torch.Tensor], eval: Sequence[torch.Tensor], batch_size: int, seed: int
+) -> TaskData:
+    """TaskData over in-memory `(x, y)` tensors: train shuffled by `seed`, eval in order."""
+    return TaskData(
+        train=batch_loader(TensorDataset(*train), batch_size, shuffle=True, seed=seed),
+        eval=batch_loader(TensorDataset(*eval), batch_size, shuffle=False),
+    )

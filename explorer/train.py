@@ -1,0 +1,378 @@
+"""One short training run of one configuration: the unit of work every executor runs.
+
+`run_trial` builds the family's model, trains it with AdamW (linear warmup, cosine decay) and
+cross-entropy for a small budget, evaluates after every epoch and hands the metrics to a callback,
+so that a pruner (Optuna) or a scheduler (Ray Tune) can stop it. It measures the attention blocks'
+condition numbers before and after training (`explorer.conditioning`).
+
+A NaN/inf loss raises `TrialFailed`: the trial fails, the study goes on. With a `checkpoint_dir`
+the run saves its whole state after each epoch and resumes from it, giving the same result on CPU
+as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+from torch.utils.data import DataLoader
+
+from explorer.conditioning import attention_condition
+from explorer.errors import ExplorerError, TrialFailed
+from explorer.families import get_family
+from explorer.tasks import Task, TaskData
+
+Callback = Callable[[int, dict[str, float]], None]
+
+CHECKPOINT = "checkpoint.pt"
+KAPPA_SAMPLES = 32  # eval samples on which κ is measured: enough for a stable median, cheap to SVD
+NAN_CHECK_EVERY = 50  # on CUDA, steps between the host syncs that look for a non-finite loss
+
+
+class Budget(BaseModel):
+    """How long and how one trial trains. The run stops at whichever limit comes first."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    epochs: int = Field(3, ge=1)
+    max_steps: int | None = Field(None, ge=1)
+    time_limit_s: float | None = Field(None, gt=0)
+    batch_size: int = Field(64, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.05, ge=0)
+    warmup_frac: float = Field(0.1, ge=0, le=1)
+    grad_clip: float | None = Field(1.0, gt=0)
+    bf16: bool = True  # autocast to bfloat16, on CUDA only
+    seed: int = 0
+
+
+@dataclass
+class TrialResult:
+    """What one trial reports: `metric` is the task's metric after the last epoch."""
+
+    metric: float
+    metrics: dict[str, float]
+    curve: list[float]  # the task metric after each epoch
+    kappa_init: list[float]  # κ per attention block at initialisation
+    kappa_final: list[float]  # κ per attention block after training
+    params: int
+    steps: int
+    train_time_s: float
+    device: str
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def run_trial(
+    family: str,
+    dims: dict[str, Any],
+    task: Task,
+    budget: Budget,
+    callback: Callback | None = None,
+    checkpoint_dir: Path | None = None,
+    device: str | None = None,
+) -> TrialResult:
+    """Train `family` at `dims` on `task` within `budget`; report each epoch to `callback`.
+
+    `callback(epoch, metrics)` runs after each epoch's evaluation (epochs count from 0; metrics hold
+    the task's metric, `eval_loss`, `train_loss`, and `perplexity` for an LM); what it raises (e.g.
+    `optuna.TrialPruned`) propagates. Raises `TrialFailed` on a non-finite loss or when the device
+    runs out of memory. κ is measured on the first KAPPA_SAMPLES inputs of the eval split, before
+    and after training.
+    """
+    device = device or default_device()
+    torch.manual_seed(budget.seed)
+    model = get_family(family).build(dims).to(device)
+    params = sum(p.numel() for p in model.parameters())
+    data = task.load(budget.batch_size, budget.seed)
+    probe = _first_batch(data.eval)[:KAPPA_SAMPLES]
+
+    steps_per_epoch = len(data.train)
+    total_steps = budget.epochs * steps_per_epoch
+    if budget.max_steps is not None:
+        total_steps = min(total_steps, budget.max_steps)
+    optimizer = _adamw(model, budget, device)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, _warmup_cosine(int(budget.warmup_frac * total_steps), total_steps)
+    )
+
+    path = Path(checkpoint_dir) / CHECKPOINT if checkpoint_dir is not None else None
+    if path is not None and path.exists():
+        state = _resume(path, family, dims, model, optimizer, scheduler, data.train)
+    else:
+        state = _State(kappa_init=attention_condition(model, probe))
+
+    def checkpoint() -> None:
+        if path is not None:
+            _save(path, family, dims, model, optimizer, scheduler, data.train, state)
+
+    try:
+        _fit(model, data, optimizer, scheduler, budget, device, task, state, total_steps, callback, checkpoint)
+    except torch.OutOfMemoryError as err:
+        reason = f"out of memory on {device}: {str(err).splitlines()[0]}"
+    else:
+        reason = None
+    if reason is not None:  # raised outside the handler, so the traceback no longer pins GPU memory
+        raise TrialFailed(reason)
+
+    return TrialResult(
+        metric=state.metrics[task.metric],
+        metrics=state.metrics,
+        curve=state.curve,
+        kappa_init=state.kappa_init,
+        kappa_final=attention_condition(model, probe),
+        params=params,
+        steps=state.step,
+        train_time_s=state.train_time_s,
+        device=device,
+    )
+
+
+@dataclass
+class _State:
+    """Everything about a run's progress that a checkpoint must carry besides the modules."""
+
+    kappa_init: list[float]
+    epoch: int = 0  # epochs finished
+    step: int = 0  # optimizer steps taken
+    done: bool = False  # a limit (epochs, max_steps, time) has been reached
+    curve: list[float] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    train_time_s: float = 0.0
+
+
+def _fit(
+    model: nn.Module,
+    data: TaskData,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    budget: Budget,
+    device: str,
+    task: Task,
+    state: _State,
+    total_steps: int,
+    callback: Callback | None,
+    save: Callable[[], None],
+) -> None:
+    """Epochs until a limit is reached: train, evaluate, report, checkpoint."""
+    is_lm = task.modality == "lm"
+    autocast = _autocast(device, budget.bf16)
+    while not state.done:
+        started = time.perf_counter()
+        _set_epoch(data.train, state.epoch)
+        model.train()
+        train_loss, steps, stopped = _train_epoch(
+            model, data.train, optimizer, scheduler, budget, device, autocast, state, total_steps
+        )
+        state.step += steps
+        metrics = _evaluate(model, data.eval, device, autocast, is_lm)
+        metrics["train_loss"] = train_loss
+        state.epoch += 1
+        state.done = stopped or state.epoch >= budget.epochs
+        state.metrics = metrics
+        state.curve.append(metrics[task.metric])
+        state.train_time_s += time.perf_counter() - started
+        if not math.isfinite(metrics["eval_loss"]):
+            raise TrialFailed(f"eval loss is {metrics['eval_loss']} after step {state.step}")
+        if callback is not None:
+            callback(state.epoch - 1, metrics)
+        save()
+
+
+def _train_epoch(
+    model: nn.Module,
+    loader: DataLoader,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    budget: Budget,
+    device: str,
+    autocast: Callable[[], contextlib.AbstractContextManager],
+    state: _State,
+    total_steps: int,
+) -> tuple[float, int, bool]:
+    """One pass over `loader`; returns (mean train loss, steps taken, whether a limit stopped it).
+
+    The loss stays on the device: on CPU each step checks it (free), on CUDA every
+    NAN_CHECK_EVERY steps, so the GPU is not synchronised on every step.
+    """
+    sync_every = 1 if device == "cpu" else NAN_CHECK_EVERY
+    deadline = None if budget.time_limit_s is None else time.perf_counter() + budget.time_limit_s - state.train_time_s
+    loss_sum = torch.zeros((), device=device)
+    first_bad = torch.full((), -1, device=device)  # step of the first non-finite loss, and that loss
+    bad_loss = torch.zeros((), device=device)
+    steps, stopped = 0, False
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with autocast():
+            logits = model(x)
+        loss = F.cross_entropy(logits.float().flatten(0, -2), y.flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if budget.grad_clip is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), budget.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        loss = loss.detach()
+        loss_sum += loss
+        newly_bad = (first_bad < 0) & ~torch.isfinite(loss)
+        first_bad = torch.where(newly_bad, state.step + steps + 1, first_bad)
+        bad_loss = torch.where(newly_bad, loss, bad_loss)
+        steps += 1
+        if steps % sync_every == 0:
+            _check_finite(first_bad, bad_loss)
+        if state.step + steps >= total_steps or (deadline is not None and time.perf_counter() >= deadline):
+            stopped = True
+            break
+    _check_finite(first_bad, bad_loss)
+    return loss_sum.item() / max(steps, 1), steps, stopped
+
+
+def _check_finite(first_bad: torch.Tensor, bad_loss: torch.Tensor) -> None:
+    step = int(first_bad)
+    if step >= 0:
+        raise TrialFailed(f"loss is {bad_loss.item()} at step {step}")
+
+
+@torch.no_grad()
+def _evaluate(
+    model: nn.Module,
+    loader: DataLoader,
+    device: str,
+    autocast: Callable[[], contextlib.AbstractContextManager],
+    is_lm: bool,
+) -> dict[str, float]:
+    """Mean cross-entropy over all targets (every token for an LM); accuracy or perplexity."""
+    model.eval()
+    loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+    correct = torch.zeros((), device=device, dtype=torch.int64)
+    count = 0
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with autocast():
+            logits = model(x)
+        logits, y = logits.float().flatten(0, -2), y.flatten()
+        loss_sum += F.cross_entropy(logits, y, reduction="sum")
+        correct += (logits.argmax(-1) == y).sum()
+        count += y.numel()
+    eval_loss = loss_sum.item() / max(count, 1)
+    if is_lm:
+        return {"eval_loss": eval_loss, "perplexity": math.exp(min(eval_loss, 700.0))}
+    return {"accuracy": correct.item() / max(count, 1), "eval_loss": eval_loss}
+
+
+def _adamw(model: nn.Module, budget: Budget, device: str) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not biases, norms), as nanoGPT and timm do."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": budget.weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=budget.lr, fused=device.startswith("cuda"))
+
+
+def _warmup_cosine(warmup: int, total: int) -> Callable[[int], float]:
+    """LR factor: linear from 1/warmup to 1 over `warmup` steps, then cosine down to 0 at `total`."""
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(total - warmup, 1)
+        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+    return factor
+
+
+def _autocast(device: str, bf16: bool) -> Callable[[], contextlib.AbstractContextManager]:
+    if bf16 and device.startswith("cuda"):
+        return lambda: torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext
+
+
+def _first_batch(loader: DataLoader) -> torch.Tensor:
+    batches: Iterator = iter(loader)
+    return next(batches)[0]
+
+
+def _samplers(loader: DataLoader) -> list[Any]:
+    return [s for s in (loader.sampler, loader.batch_sampler) if s is not None]
+
+
+def _set_epoch(loader: DataLoader, epoch: int) -> None:
+    """Tell epoch-seeded samplers (like DistributedSampler) which epoch this is."""
+    for sampler in _samplers(loader):
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+
+
+def _rng_state(loader: DataLoader) -> dict[str, Any]:
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "loader": loader.generator.get_state() if loader.generator is not None else None,
+    }
+
+
+def _set_rng_state(rng: dict[str, Any], loader: DataLoader) -> None:
+    torch.set_rng_state(rng["torch"])
+    if rng["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    if rng["loader"] is not None and loader.generator is not None:
+        loader.generator.set_state(rng["loader"])
+
+
+def _save(
+    path: Path,
+    family: str,
+    dims: dict[str, Any],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    loader: DataLoader,
+    state: _State,
+) -> None:
+    """Write the checkpoint atomically: a crash mid-write leaves the previous one intact."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "config": {"family": family, "dims": dict(dims)},
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "rng": _rng_state(loader),
+        "state": vars(state),
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+
+
+def _resume(
+    path: Path,
+    family: str,
+    dims: dict[str, Any],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    loader: DataLoader,
+) -> _State:
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    if payload["config"] != {"family": family, "dims": dict(dims)}:
+        raise ExplorerError(
+            f"checkpoint is of {payload['config']}, not of this trial's configuration", source=str(path)
+        )
+    model.load_state_dict(payload["model"])
+    optimizer.load_state_dict(payload["optimizer"])
+    scheduler.load_state_dict(payload["scheduler"])
+    _set_rng_state(payload["rng"], loader)
+    return _State(**payload["state"])

@@ -1,0 +1,165 @@
+"""run_trial on real families and tasks: loss falls, metrics reach the callback, failures and resumes."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+from pydantic import ValidationError
+
+from explorer.errors import ExplorerError, TrialFailed
+from explorer.families import get_family
+from explorer.tasks import get_task
+from explorer.train import Budget, TrialResult, run_trial
+
+IMAGE = dict(layers=2, heads=4, width=32, mlp=64, img_size=8, patch=2, in_chans=1, num_classes=10)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread, and two threads thrash when the 2 cores are shared."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def train(family: str, dims: dict, task, budget: Budget, **kwargs) -> tuple[TrialResult, list]:
+    reports: list[tuple[int, dict[str, float]]] = []
+    result = run_trial(family, dims, task, budget, callback=lambda e, m: reports.append((e, m)), device="cpu", **kwargs)
+    return result, reports
+
+
+def assert_learns(result: TrialResult, reports: list, metric: str, layers: int) -> None:
+    assert [epoch for epoch, _ in reports] == list(range(len(result.curve)))
+    assert [m[metric] for _, m in reports] == result.curve
+    assert result.metrics == reports[-1][1] and result.metric == result.curve[-1]
+    losses = [m["train_loss"] for _, m in reports]
+    assert losses[-1] < losses[0], losses
+    assert all(math.isfinite(v) for v in result.metrics.values())
+    assert len(result.kappa_init) == len(result.kappa_final) == layers
+    assert all(k >= 1 for k in result.kappa_init + result.kappa_final)
+    assert result.device == "cpu" and result.train_time_s > 0
+
+
+def test_image_encoder_learns_digits():
+    task = get_task("digits", {})
+    result, reports = train("image-encoder", IMAGE, task, Budget(epochs=3, lr=3e-3))
+    assert_learns(result, reports, "accuracy", layers=2)
+    assert result.curve[-1] > 0.3  # chance is 0.1
+    assert result.params == get_family("image-encoder").params(IMAGE)
+    assert result.steps == 3 * len(task.load(64, 0).train)
+    assert set(result.metrics) == {"accuracy", "eval_loss", "train_loss"}
+
+
+def test_sequence_classifier_learns_listops():
+    task = get_task("listops", {"n_train": 256, "n_eval": 64, "min_length": 8, "max_length": 32})
+    dims = dict(layers=1, heads=2, width=32, mlp=64, **task.dims())
+    result, reports = train("sequence-classifier", dims, task, Budget(epochs=3, batch_size=32, lr=3e-3))
+    assert_learns(result, reports, "accuracy", layers=1)
+
+
+def test_causal_lm_learns_a_text_file(tmp_path: Path):
+    text = "".join(f"the cat {w} sat on the mat number {i % 7}. " for i, w in enumerate(["red", "old", "big"] * 60))
+    (tmp_path / "stories.txt").write_text(text)
+    task = get_task("text-file", {"path": str(tmp_path / "stories.txt"), "seq_len": 32})
+    dims = dict(layers=1, heads=2, width=32, mlp=64, **task.dims())
+    result, reports = train("causal-lm", dims, task, Budget(epochs=3, batch_size=16, lr=3e-3))
+    assert_learns(result, reports, "eval_loss", layers=1)
+    assert set(result.metrics) == {"eval_loss", "perplexity", "train_loss"}
+    assert result.metrics["perplexity"] == pytest.approx(math.exp(result.metrics["eval_loss"]))
+    assert result.metrics["eval_loss"] < math.log(256)  # better than a uniform guess over bytes
+
+
+TIMM = {  # tiny members of each timm family, with the number of attention modules each has
+    "timm-vit": (dict(model="vit_small_patch16_224", layers=2, heads=2, width=32, mlp=64, patch=4), 16, 2),
+    "timm-deit": (dict(model="deit_tiny_patch16_224", layers=2, heads=2, width=32, mlp=64, patch=4), 16, 2),
+    "timm-xcit": (dict(model="xcit_nano_12_p8_224", layers=2, heads=2, width=32, mlp=64, patch=8), 32, 2),
+    "timm-tnt": (dict(model="tnt_s_patch16_224", layers=2, heads=2, width=32, mlp=64, patch=16), 32, 4),
+    "timm-davit": (dict(model="davit_tiny", layers=1, heads=1, width=16, mlp=32), 32, 8),
+}
+
+
+@pytest.mark.parametrize("family", sorted(TIMM))
+def test_timm_families_learn_resized_digits(family: str):
+    dims, img_size, attention_modules = TIMM[family]
+    task = get_task("digits", {"img_size": img_size, "in_chans": 3, "eval_fraction": 0.8})
+    dims = {**dims, **task.dims()}
+    result, reports = train(family, dims, task, Budget(epochs=3, lr=3e-3))
+    assert_learns(result, reports, "accuracy", layers=attention_modules)
+    assert result.params == get_family(family).params(dims)
+
+
+def test_crammed_bert_trains_as_a_sequence_classifier():
+    task = get_task("listops", {"n_train": 256, "n_eval": 64, "min_length": 8, "max_length": 32})
+    dims = dict(layers=1, heads=2, width=32, mlp=64, **task.dims())
+    result, reports = train("crammed-bert", dims, task, Budget(epochs=3, batch_size=32, lr=3e-3))
+    assert_learns(result, reports, "accuracy", layers=1)
+
+
+def test_max_steps_stops_early_and_still_evaluates():
+    result, reports = train("image-encoder", IMAGE, get_task("digits", {}), Budget(epochs=5, max_steps=3))
+    assert result.steps == 3 and len(result.curve) == len(reports) == 1
+
+
+def test_time_limit_stops_early_and_still_evaluates():
+    result, reports = train("image-encoder", IMAGE, get_task("digits", {}), Budget(epochs=5, time_limit_s=1e-6))
+    assert result.steps == 1 and len(reports) == 1 and 0 <= result.metric <= 1
+
+
+def test_diverging_loss_fails_the_trial():
+    with pytest.raises(TrialFailed, match=r"loss is (nan|inf) at step \d+"):
+        budget = Budget(epochs=1, lr=1e30, grad_clip=None)  # the first AdamW step moves weights by ~1e30
+        run_trial("image-encoder", IMAGE, get_task("digits", {}), budget, device="cpu")
+
+
+def test_callback_exceptions_propagate():
+    def prune(epoch: int, metrics: dict[str, float]) -> None:
+        raise optuna.TrialPruned(f"epoch {epoch}")
+
+    with pytest.raises(optuna.TrialPruned, match="epoch 0"):
+        budget = Budget(epochs=2, max_steps=4)
+        run_trial("image-encoder", IMAGE, get_task("digits", {}), budget, callback=prune, device="cpu")
+
+
+class Interrupt(Exception):
+    pass
+
+
+def test_resumed_trial_matches_an_uninterrupted_one(tmp_path: Path):
+    task, budget = get_task("digits", {}), Budget(epochs=3, max_steps=60, lr=3e-3)  # epoch 2 stops at step 60
+    whole = run_trial("image-encoder", IMAGE, task, budget, device="cpu")
+
+    def die_in_epoch_1(epoch: int, metrics: dict[str, float]) -> None:
+        if epoch == 1:
+            raise Interrupt  # after epoch 1's training, before its checkpoint: it is redone on resume
+
+    with pytest.raises(Interrupt):
+        run_trial("image-encoder", IMAGE, task, budget, die_in_epoch_1, checkpoint_dir=tmp_path, device="cpu")
+    assert (tmp_path / "checkpoint.pt").exists()
+    epochs: list[int] = []
+    resumed = run_trial(
+        "image-encoder", IMAGE, task, budget, lambda e, m: epochs.append(e), checkpoint_dir=tmp_path, device="cpu"
+    )
+    assert epochs == [1, 2]
+    for field in ("metric", "metrics", "curve", "kappa_init", "kappa_final", "steps", "params"):
+        assert getattr(resumed, field) == getattr(whole, field), field
+    again = run_trial("image-encoder", IMAGE, task, budget, checkpoint_dir=tmp_path, device="cpu")
+    assert again.metrics == whole.metrics and again.steps == whole.steps  # a finished trial just reports
+
+
+def test_checkpoint_of_another_configuration_is_refused(tmp_path: Path):
+    task, budget = get_task("digits", {}), Budget(epochs=1, max_steps=1)
+    run_trial("image-encoder", IMAGE, task, budget, checkpoint_dir=tmp_path, device="cpu")
+    with pytest.raises(ExplorerError, match="checkpoint.pt"):
+        run_trial("image-encoder", {**IMAGE, "heads": 2}, task, budget, checkpoint_dir=tmp_path, device="cpu")
+
+
+def test_budget_rejects_unknown_and_invalid_fields():
+    with pytest.raises(ValidationError, match="epoch"):
+        Budget(epoch=3)
+    with pytest.raises(ValidationError, match="lr"):
+        Budget(lr=0)
