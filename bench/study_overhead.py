@@ -29,6 +29,7 @@ from explorer.study import load_study_spec  # noqa: E402
 def make_study(folder: Path, trials: int, epochs: int) -> Path:
     space = yaml.safe_load((ROOT / "spaces" / "vit-digits.yaml").read_text())
     space["free"] = {"layers": [2, 3, 4], "heads": [1, 2, 4, 8]}
+    space.pop("baseline")
     (folder / "space.yaml").write_text(yaml.safe_dump(space))
     study = {"name": "overhead", "space": "space.yaml", "task": {"name": "digits"},
              "budget": {"epochs": epochs, "batch_size": 64, "lr": 0.002}, "n_trials": trials,
@@ -64,5 +65,58 @@ def main() -> None:
     print(f"  study wall time {wall:.2f} s, sum of trial times {work:.2f} s, overhead ratio {wall / work:.3f}")
 
 
+
+# -- the Ray executor (issue 5): `python bench/study_overhead.py --ray [--trials 4] [--epochs 12]` ---------
+def ray_study(folder: Path, trials: int, epochs: int, workers: int) -> Path:
+    """The same study as `make_study`, run through Ray Tune with `workers` concurrent trials of 1 CPU."""
+    path = make_study(folder, trials, epochs)
+    doc = yaml.safe_load(path.read_text())
+    doc["executor"] = {"name": "ray", "cpu": 1, "max_concurrent": workers}
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def ray_wall(trials: int, epochs: int, workers: int) -> tuple[float, float]:
+    """(study wall time, sum of trial run times) for the Ray executor on the running Ray."""
+    from explorer.executors.ray_tune import RayExecutor
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = ray_study(Path(tmp), trials, epochs, workers)
+        start = time.perf_counter()
+        study = load_study_spec(path)
+        ostudy = study.open()
+        RayExecutor().run(study, ostudy)
+        wall = time.perf_counter() - start
+        work = sum(t.user_attrs["trial_time_s"] for t in ostudy.get_trials(states=(optuna.trial.TrialState.COMPLETE,)))
+    return wall, work
+
+
+def ray_main() -> None:
+    """Ray's overhead against the local executor (one trial at a time) and its speedup with 2 workers."""
+    import ray
+
+    parser = argparse.ArgumentParser(description=ray_main.__doc__)
+    parser.add_argument("--ray", action="store_true")
+    parser.add_argument("--trials", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=12)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    local, local_work = local_overhead(args.trials, args.epochs)
+    start = time.perf_counter()
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    startup = time.perf_counter() - start
+    one, one_work = ray_wall(args.trials, args.epochs, workers=1)
+    two, two_work = ray_wall(args.trials, args.epochs, workers=2)
+    ray.shutdown()
+    print(f"{args.trials} trials of {args.epochs} epochs (~{local_work / args.trials:.1f} s each on the local executor):")
+    print(f"  local executor         wall {local:7.2f} s  sum of trial times {local_work:7.2f} s  overhead ratio {local / local_work:.3f}")
+    print(f"  ray, 1 worker          wall {one:7.2f} s  sum of trial times {one_work:7.2f} s  overhead ratio {one / one_work:.3f}"
+          f"  vs local {one / local:.2f}x")
+    print(f"  ray, 2 workers x 1 CPU wall {two:7.2f} s  sum of trial times {two_work:7.2f} s"
+          f"  speedup vs 1 worker {one / two:.2f}x, vs local {local / two:.2f}x")
+    print(f"  (starting Ray itself: {startup:.1f} s, not included above)")
+
+
 if __name__ == "__main__":
-    main()
+    ray_main() if "--ray" in sys.argv else main()

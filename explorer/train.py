@@ -166,7 +166,7 @@ def _fit(
     callback: Callback | None,
     save: Callable[[], None],
 ) -> None:
-    """Epochs until a limit is reached: train, evaluate, report, checkpoint."""
+    """Epochs until a limit is reached: train, evaluate, checkpoint, report."""
     is_lm = task.modality == "lm"
     autocast = _autocast(device, budget.bf16)
     while not state.done:
@@ -186,9 +186,9 @@ def _fit(
         state.train_time_s += time.perf_counter() - started
         if not math.isfinite(metrics["eval_loss"]):
             raise TrialFailed(f"eval loss is {metrics['eval_loss']} after step {state.step}")
+        save()  # before reporting: the checkpoint a report carries (Ray's) holds this epoch
         if callback is not None:
             callback(state.epoch - 1, metrics)
-        save()
 
 
 def _train_epoch(

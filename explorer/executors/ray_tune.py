@@ -1,0 +1,366 @@
+"""Run a study's trials through Ray Tune: a local Ray by default, or a cluster (`address`), GPUs per trial.
+
+The Optuna storage stays the single source of truth, exactly as with the local executor: Ray Tune only
+schedules. Three pieces meet Ray's interfaces:
+
+- `OptunaBridge`, a Ray `Searcher`: `suggest` asks Optuna (feasible configurations only, queued retries
+  first, duplicates of finished configurations answered from storage), `on_trial_result` stores the
+  per-epoch curve, `on_trial_complete` tells Optuna (values and the same user attributes as `local`).
+- `BinnedScheduler`, a Ray `TrialScheduler`: explorer's parameter-binned pruner (median or successive
+  halving, i.e. ASHA's rule) against every trial in storage, whichever executor or run made it.
+- `train_trial`, the function trainable: `Study.evaluate` on the GPU (or CPUs) Ray assigns, reporting
+  each epoch with a Ray checkpoint of the trial's checkpoint folder, resuming from it after a failure.
+
+Tune pickles its searcher and scheduler, and Optuna storages hold locks and connections that do not
+pickle, so both keep a `_Link` (the spec and its path) and reconnect lazily after unpickling.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import shutil
+import threading
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+import ray
+import torch
+from ray import tune
+from ray.tune.experiment import Trial
+from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+from ray.tune.search import Searcher
+
+from explorer.errors import ExplorerError, TrialFailed
+from explorer.executors import Executor, TrialCallback
+from explorer.study import ExecutorSpec, Study, StudySpec
+from explorer.train import CHECKPOINT
+
+_FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
+
+
+class RayExecutor(Executor):
+    def run(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None = None) -> None:
+        if study.remaining(ostudy) == 0:
+            return
+        connect(study.spec.executor)
+        with warnings.catch_warnings(category=optuna.exceptions.ExperimentalWarning, action="ignore"):
+            optuna.storages.fail_stale_trials(ostudy)  # trials a dead driver left: failed, queued again
+        link = _Link(study, ostudy, on_trial)
+        name = f"{study.spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        try:
+            make_tuner(study, link, name).fit()
+        finally:
+            link.release()
+        if _too_many_failures(study, ostudy):
+            raise ExplorerError(f"stopped after {study.failures(ostudy)} failed trials (max_failures: {study.spec.max_failures}); "
+                                "see `explorer status` for their reasons", source=str(study.source))
+
+
+def connect(spec: ExecutorSpec) -> None:
+    """Join the cluster at `spec.address` (or RAY_ADDRESS), else start a Ray on this machine."""
+    if ray.is_initialized():
+        return
+    address = spec.address or os.environ.get("RAY_ADDRESS")
+    local = {} if address else {"include_dashboard": False}
+    try:
+        ray.init(address=address, ignore_reinit_error=True, logging_level=logging.WARNING, **local)
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        raise ExplorerError(f"cannot join Ray at {address!r}: {str(err).splitlines()[0]}", field="executor.address") from None
+
+
+def experiment_root(study: Study) -> Path:
+    """Ray Tune's experiment folders (trial logs, Ray checkpoints) live beside the study YAML."""
+    return study.source.parent.resolve() / f"{study.spec.name}.ray"
+
+
+def make_tuner(study: Study, link: _Link, name: str) -> tune.Tuner:
+    """A Tuner whose searcher decides how many trials run: until the storage holds `n_trials`."""
+    ex = study.spec.executor
+    # Keeping 2 Ray checkpoints per trial forces an experiment snapshot every 2 epochs: cheap (the state
+    # is small), but Ray warns about it on every snapshot when epochs are short.
+    logging.getLogger("ray.tune.execution.experiment_state").setLevel(logging.ERROR)
+    return tune.Tuner(
+        trainable(link, ex),
+        tune_config=tune.TuneConfig(search_alg=OptunaBridge(link), scheduler=scheduler(link), num_samples=-1,
+                                    max_concurrent_trials=ex.max_concurrent, reuse_actors=True),
+        run_config=tune.RunConfig(name=name, storage_path=str(experiment_root(study)), verbose=0,
+                                  failure_config=tune.FailureConfig(max_failures=ex.max_failures),
+                                  checkpoint_config=tune.CheckpointConfig(num_to_keep=2)),
+    )
+
+
+def restore_tuner(path: str | Path, study: Study) -> tune.Tuner:
+    """Continue a Ray experiment whose driver died: its searcher reconnects to the study's storage.
+
+    Trials are resumed as the Tuner's last snapshot left them (it is taken every few seconds); an
+    Optuna trial asked after that snapshot stays RUNNING until its heartbeat goes stale, and then the
+    next `explorer run/resume` fails and re-queues it (or at once with `explorer resume --reclaim`).
+    """
+    connect(study.spec.executor)
+    return tune.Tuner.restore(str(path), trainable(_Link(study), study.spec.executor), resume_unfinished=True, resume_errored=True)
+
+
+def trainable(link: _Link, ex: ExecutorSpec) -> Any:
+    return tune.with_resources(tune.with_parameters(train_trial, link=link), {"cpu": ex.cpu, "gpu": ex.gpu})
+
+
+def scheduler(link: _Link) -> TrialScheduler:
+    return FIFOScheduler() if link.study().spec.pruner.name == "none" else BinnedScheduler(link)
+
+
+def trial_device(gpu_ids: Sequence[Any]) -> str:
+    """Ray sets CUDA_VISIBLE_DEVICES to the GPUs it assigned: the first visible one is ours."""
+    return "cuda" if gpu_ids else "cpu"
+
+
+# -- the link to the study ---------------------------------------------------------------------------------
+class _Link:
+    """The study spec and its path, picklable; the Optuna study is (re)opened where it is used.
+
+    It also keeps the Optuna trials this driver has open alive with heartbeats, so that if the driver
+    dies they go stale and the next `explorer run/resume` fails and re-queues them (as for `local`).
+    """
+
+    def __init__(self, study: Study, ostudy: optuna.Study | None = None, on_trial: TrialCallback | None = None):
+        self.spec = study.spec.model_dump(mode="json")
+        self.source = str(study.source.resolve())
+        self.open_trials: dict[int, int] = {}  # Optuna trial number -> storage trial id, while RUNNING here
+        self._study: Study | None = study
+        self._ostudy = ostudy
+        self.on_trial = on_trial
+        self._beating: threading.Event | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"spec": self.spec, "source": self.source, "open_trials": dict(self.open_trials)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.spec, self.source, self.open_trials = state["spec"], state["source"], state["open_trials"]
+        self._study = self._ostudy = self.on_trial = self._beating = None
+
+    def study(self) -> Study:
+        if self._study is None:
+            self._study = Study(StudySpec.model_validate(self.spec), Path(self.source))
+        return self._study
+
+    def open(self) -> tuple[Study, optuna.Study]:
+        study = self.study()
+        if self._ostudy is None:
+            self._ostudy = study.open(create=False, force=True)
+        if self._beating is None:
+            self._beating = threading.Event()
+            threading.Thread(target=self._heartbeat, args=(self._ostudy, self._beating), daemon=True).start()
+        return study, self._ostudy
+
+    def _heartbeat(self, ostudy: optuna.Study, stop: threading.Event) -> None:
+        storage = ostudy._storage  # Optuna's own heartbeat thread records on the study's storage too
+        interval = storage.get_heartbeat_interval() if hasattr(storage, "get_heartbeat_interval") else None
+        while interval and not stop.is_set():
+            for trial_id in list(self.open_trials.values()):
+                storage.record_heartbeat(trial_id)
+            stop.wait(interval)
+
+    def tell(self, number: int, **kwargs: Any) -> None:
+        """`Study.tell`, minus GridSampler's `study.stop()` (meant for `optimize`) once the grid is covered."""
+        _, ostudy = self.open()
+        self.open_trials.pop(number, None)
+        try:
+            ostudy.tell(number, **kwargs)
+        except RuntimeError as err:
+            if "Study.stop" not in str(err):
+                raise
+        if self.on_trial is not None:
+            self.on_trial(ostudy, ostudy.trials[number])
+
+    def release(self) -> None:
+        """After the Tuner stops (e.g. Ctrl-C): fail the trials still open and queue their configurations."""
+        if self._ostudy is not None:
+            for number, trial_id in list(self.open_trials.items()):
+                trial = self._ostudy._storage.get_trial(trial_id)
+                if trial.state not in _FINISHED:
+                    self.tell(number, state=optuna.trial.TrialState.FAIL)
+                    self._ostudy.enqueue_trial(trial.params, user_attrs={"retry_of": number})
+        self.open_trials.clear()
+        if self._beating is not None:
+            self._beating.set()
+
+
+def _too_many_failures(study: Study, ostudy: optuna.Study) -> bool:
+    return study.spec.max_failures is not None and study.failures(ostudy) >= study.spec.max_failures
+
+
+# -- Optuna <-> Ray Tune ------------------------------------------------------------------------------------
+class OptunaBridge(Searcher):
+    """A Ray searcher that asks and tells the study's Optuna storage.
+
+    The metric is deliberately not declared to Ray: the last report of a trial carries its attributes
+    (or its failure reason) instead of the metric, and the searcher, not Ray, decides when the study
+    is done (`num_samples=-1`; `FINISHED` once finished plus open trials reach `n_trials`). A sampled
+    configuration that an open trial is training is held back until that one ends, then answered
+    from storage if it completed: no configuration is trained twice.
+    """
+
+    def __init__(self, link: _Link):
+        super().__init__()
+        self.link = link
+        self.ray_ids: dict[str, int] = {}  # Ray trial id -> Optuna trial number
+        self.held: dict[int, str] = {}  # Optuna trial number -> configuration key, waiting for its twin
+        self.curves: dict[int, list[float]] = {}
+
+    def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec: Any) -> bool:
+        return True  # the space is the study's; nothing to take from Tune
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+        study, ostudy = self.link.open()
+        for number, key in list(self.held.items()):
+            if key not in self._training():
+                del self.held[number]
+                if not self._answer_from_storage(number, key):
+                    return self._launch(trial_id, number, key)
+        while True:
+            if study.remaining(ostudy) <= len(self.link.open_trials) or _too_many_failures(study, ostudy) or (
+                    study.spec.sampler.name == "grid" and study.waiting(ostudy) == 0):
+                return None if self.held else Searcher.FINISHED
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Heartbeat of storage")  # the link beats for Ray trials
+                trial = ostudy.ask()  # queued trials (retries, grid, `recommend --verify`) come first
+            self.link.open_trials[trial.number] = trial._trial_id
+            key = study.suggest(trial).key
+            if key in self._training():
+                self.held[trial.number] = key
+            elif not self._answer_from_storage(trial.number, key):
+                return self._launch(trial_id, trial.number, key)
+
+    def _training(self) -> set[str]:
+        _, ostudy = self.link.open()
+        return {ostudy.trials[n].params["arch"] for n in self.ray_ids.values()}
+
+    def _answer_from_storage(self, number: int, key: str) -> bool:
+        """A configuration that already completed is not trained again: copy its results (as `local`)."""
+        study, ostudy = self.link.open()
+        seen = study.completed(ostudy).get(key)
+        if seen is None:
+            return False
+        trial = optuna.Trial(ostudy, self.link.open_trials[number])
+        for name, value in seen.user_attrs.items():
+            trial.set_user_attr(name, value)
+        trial.set_user_attr("duplicate_of", seen.number)
+        self.link.tell(number, values=list(seen.values))
+        return True
+
+    def _launch(self, trial_id: str, number: int, key: str) -> dict[str, Any]:
+        study, ostudy = self.link.open()
+        cfg = study.configs[key]
+        trial = optuna.Trial(ostudy, self.link.open_trials[number])
+        trial.set_user_attr("config", cfg.dims)
+        trial.set_user_attr("params", cfg.params)
+        self.ray_ids[trial_id] = number
+        self.curves[number] = []
+        return {"arch": key, "optuna_number": number}
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        self._record_epoch(trial_id, result)
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        number = self.ray_ids.pop(trial_id, None)
+        if number is None:
+            return
+        study, ostudy = self.link.open()
+        storage_id = self.link.open_trials.get(number)
+        if storage_id is None or ostudy._storage.get_trial(storage_id).state in _FINISHED:  # reclaimed meanwhile
+            self.link.open_trials.pop(number, None)
+            return
+        trial = optuna.Trial(ostudy, storage_id)
+        result = result or {}
+        if error:
+            trial.set_user_attr("fail_reason", f"Ray: the trial's worker failed {study.spec.executor.max_failures + 1} times")
+            self.link.tell(number, state=optuna.trial.TrialState.FAIL)
+        elif "fail_reason" in result:
+            trial.set_user_attr("fail_reason", result["fail_reason"])
+            self.link.tell(number, state=optuna.trial.TrialState.FAIL)
+        elif "attrs" in result:
+            attrs = json.loads(result["attrs"])
+            for key, value in attrs.items():
+                trial.set_user_attr(key, value)
+            self.link.tell(number, values=study.values(attrs))
+        else:  # stopped by the scheduler after this result
+            self._record_epoch(number, result)
+            self.link.tell(number, state=optuna.trial.TrialState.PRUNED)
+        self.curves.pop(number, None)
+
+    def _record_epoch(self, trial: str | int, result: dict) -> None:
+        number = self.ray_ids.get(trial) if isinstance(trial, str) else trial
+        study, ostudy = self.link.open()
+        metric = study.task.metric
+        if number not in self.link.open_trials or "epoch" not in result or metric not in result or "attrs" in result:
+            return
+        curve = self.curves.setdefault(number, [])
+        del curve[result["epoch"] - 1:]  # a trial resumed from an older checkpoint repeats epochs
+        curve.append(float(result[metric]))
+        optuna.Trial(ostudy, self.link.open_trials[number]).set_user_attr("curve", curve)
+
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "wb") as f:
+            pickle.dump({"link": self.link, "ray_ids": self.ray_ids, "held": self.held, "curves": self.curves}, f)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as f:
+            state = pickle.load(f)
+        self.link, self.ray_ids, self.held, self.curves = state["link"], state["ray_ids"], state["held"], state["curves"]
+        self.link.open()  # a restored Tuner: beat for the resumed trials at once, before they go stale
+
+
+class BinnedScheduler(FIFOScheduler):
+    """Stops a trial whose per-epoch metric trails its parameter bin (explorer.pruning.BinnedPruner).
+
+    The peers come from the Optuna storage, so the rungs hold every trial of the study, whichever
+    executor or run trained it, and survive a restarted driver.
+    """
+
+    def __init__(self, link: _Link):
+        super().__init__()
+        self.link = link
+        self.pruner = link.study().pruner()
+
+    def on_trial_result(self, tune_controller: Any, trial: Trial, result: dict) -> str:
+        study, ostudy = self.link.open()
+        metric = study.task.metric
+        if "epoch" not in result or metric not in result or "attrs" in result:
+            return TrialScheduler.CONTINUE
+        params = study.configs[trial.config["arch"]].params
+        peers = study.peers(ostudy, trial.config["optuna_number"])
+        prune = self.pruner.should_prune(result["epoch"], float(result[metric]), params, peers)
+        return TrialScheduler.STOP if prune else TrialScheduler.CONTINUE
+
+
+# -- the trainable ---------------------------------------------------------------------------------------
+def train_trial(config: dict[str, Any], link: _Link) -> None:
+    """One trial on a Ray worker: resume from Ray's checkpoint if this is a retry, train, report."""
+    logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)  # a line per checkpoint otherwise
+    study = link.study()
+    cfg = study.configs[config["arch"]]
+    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
+    torch.set_num_threads(max(1, int(cpus)))  # Ray sets OMP_NUM_THREADS=1; use what the trial was given
+    folder = study.checkpoint_dir(cfg)
+    previous = tune.get_checkpoint()
+    if previous is not None:  # a retry after a dead worker or node: continue where Ray last saved
+        shutil.rmtree(folder, ignore_errors=True)
+        previous.to_directory(str(folder))
+    metric = study.task.metric
+
+    def on_epoch(epoch: int, metrics: dict[str, float]) -> None:
+        saved = (folder / CHECKPOINT).exists()
+        tune.report({**metrics, "epoch": epoch + 1}, checkpoint=tune.Checkpoint.from_directory(str(folder)) if saved else None)
+
+    try:
+        attrs = study.evaluate(cfg, on_epoch, trial_device(ray.get_gpu_ids()))
+    except TrialFailed as err:  # a result, not a Ray error: Ray would retry it max_failures times
+        tune.report({"fail_reason": str(err)})
+        return
+    tune.report({"epoch": len(attrs["curve"]), metric: attrs[metric], "attrs": json.dumps(attrs)})

@@ -1,0 +1,205 @@
+"""The Ray executor on a real two-node Ray cluster on this machine (one CPU per node), tiny studies.
+
+One cluster serves the module (starting Ray costs seconds); drivers killed in subprocesses join it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from conftest import TINY_SPACE, write_study
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from explorer.executors.local import LocalExecutor  # noqa: E402
+from explorer.executors.ray_tune import RayExecutor, experiment_root, restore_tuner, trial_device  # noqa: E402
+from explorer.frame import trials_frame  # noqa: E402
+from explorer.pruning import Peer  # noqa: E402
+from explorer.study import load_study_spec  # noqa: E402
+
+COMPLETE = optuna.trial.TrialState.COMPLETE
+RAY = {"name": "ray", "cpu": 1, "max_concurrent": 2, "max_failures": 2}
+FOUR = {**TINY_SPACE, "free": {"layers": [1, 2], "heads": [1, 2]}}  # a grid of 4: a re-queued config must run
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    """A head and a worker node, one CPU each: trials run on both."""
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    c.add_node(num_cpus=1)
+    ray.init(address=c.address, logging_level="WARNING")
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+def run(path: Path, executor: str, **open_kwargs) -> optuna.Study:
+    study = load_study_spec(path)
+    ostudy = study.open(**open_kwargs)
+    (RayExecutor() if executor == "ray" else LocalExecutor()).run(study, ostudy)
+    return ostudy
+
+
+def finished(ostudy: optuna.Study) -> dict[int, tuple]:
+    return {t.number: (t.params["arch"], tuple(t.values), t.user_attrs["accuracy"]) for t in ostudy.get_trials(states=(COMPLETE,))}
+
+
+def test_trial_device_is_the_gpu_ray_assigned() -> None:
+    assert trial_device([]) == "cpu"
+    assert trial_device(["0"]) == "cuda"  # Ray narrows CUDA_VISIBLE_DEVICES to the trial's GPU
+
+
+@pytest.mark.slow
+def test_ray_and_local_evaluate_the_same_configurations(cluster: Cluster, tmp_path: Path) -> None:
+    local = run(write_study(tmp_path / "local", n_trials=3), "local")
+    remote = run(write_study(tmp_path / "ray", n_trials=3, executor=RAY), "ray")
+    a, b = (f[f["state"] == "COMPLETE"] for f in (trials_frame(local), trials_frame(remote)))  # (a grid queues the rest)
+    assert len(b) == 3
+    pick = ["arch", "params", "flops", "layers", "heads"]
+    assert a.sort_values("arch")[pick].values.tolist() == b.sort_values("arch")[pick].values.tolist()
+    assert b["accuracy"].between(0, 1).all() and b["kappa_init_mean"].notna().all()
+    assert set(b.columns) == set(a.columns)  # the same things are stored
+    assert b["curve"].map(len).eq(2).all() and (b["device"] == "cpu").all()
+    nodes = {json.loads(line)["node_ip"] for line in _result_lines(load_study_spec(tmp_path / "ray" / "study.yaml"))}
+    assert nodes  # (both nodes share this machine's IP; the CPUs are what is split)
+
+
+@pytest.mark.slow
+def test_a_local_study_continued_with_ray_and_pruned_within_bins(cluster: Cluster, tmp_path: Path) -> None:
+    path = write_study(tmp_path, n_trials=2)
+    before = finished(run(path, "local"))
+    doc = yaml.safe_load(path.read_text())  # the pruner and executor may change mid-study; space, task, budget not
+    doc.update(n_trials=4, executor={**RAY, "max_concurrent": 1}, pruner={"name": "successive-halving", "param_bins": 1})
+    path.write_text(yaml.safe_dump(doc))
+    ostudy = run(path, "ray", create=False)
+    after = finished(ostudy)
+    assert {n: after[n] for n in before} == before
+    done = [t for t in ostudy.trials if t.state in (COMPLETE, optuna.trial.TrialState.PRUNED)]
+    assert len(done) == 4 and len({t.params["arch"] for t in done}) == 4
+    pruner = load_study_spec(path).pruner()
+    for t in done[2:]:  # one at a time, so each was judged against the trials before it, as Optuna stored them
+        peers = [Peer(p.user_attrs["params"], p.user_attrs["curve"]) for p in done if p.number < t.number]
+        curve = t.user_attrs["curve"]
+        stops = [e for e in range(1, len(curve) + 1) if pruner.should_prune(e, curve[e - 1], t.user_attrs["params"], peers)]
+        assert (t.state == optuna.trial.TrialState.PRUNED) == bool(stops)
+        assert not stops or stops[0] == len(curve)  # stopped at the first rung it failed
+    assert any(t.state == optuna.trial.TrialState.PRUNED for t in done[2:])  # (deterministic on CPU)
+    out = subprocess.run([sys.executable, "-m", "explorer.cli", "status", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0 and "4/4 finished" in out.stdout
+
+
+@pytest.mark.slow
+def test_killed_worker_is_retried_from_its_checkpoint(cluster: Cluster, tmp_path: Path) -> None:
+    path = write_study(tmp_path, n_trials=3, budget={"epochs": 4, "batch_size": 16, "lr": 0.003, "seed": 0}, executor=RAY)
+    study = load_study_spec(path)
+    killed: list[int] = []
+    threading.Thread(target=_kill_worker_after_epoch_2, args=(study, killed), daemon=True).start()
+    ostudy = run(path, "ray")
+    assert killed, "no trial reached its second epoch while running"
+    done = ostudy.get_trials(states=(COMPLETE,))
+    assert len(done) == 3 and len({t.params["arch"] for t in done}) == 3  # nothing lost, nothing twice
+    assert all(len(t.user_attrs["curve"]) == 4 for t in done)
+    epochs = {}
+    for line in _result_lines(study):
+        row = json.loads(line)
+        epochs.setdefault(row["trial_id"], []).append((row["pid"], row.get("epoch")))
+    retried = [seq for seq in epochs.values() if len({pid for pid, _ in seq}) > 1]
+    assert len(retried) == 1
+    after_kill = [e for pid, e in retried[0] if pid != killed[0] and e is not None]
+    assert after_kill and after_kill[0] > 1  # resumed from its checkpoint, not from epoch 1
+
+
+def _kill_worker_after_epoch_2(study, killed: list[int]) -> None:
+    """SIGKILL the process of the first trial that reported its second epoch (its checkpoint holds epoch 1)."""
+    deadline = time.time() + 120
+    while time.time() < deadline and not killed:
+        for line in _result_lines(study):
+            row = json.loads(line)
+            if row.get("epoch") == 2 and row.get("training_iteration") == 2:
+                os.kill(row["pid"], signal.SIGKILL)
+                killed.append(row["pid"])
+                return
+        time.sleep(0.05)
+
+
+def _result_lines(study) -> list[str]:
+    lines = []
+    for f in experiment_root(study).glob("*/*/result.json"):
+        lines += [line for line in f.read_text().splitlines() if line.strip()]
+    return lines
+
+
+def _kill_driver_mid_study(path: Path, cluster: Cluster, storage: str) -> tuple[dict[int, tuple], optuna.trial.FrozenTrial]:
+    """Run `explorer run --executor ray` as a subprocess; SIGKILL it once a trial completed and another is mid-way."""
+    env = {**os.environ, "RAY_ADDRESS": cluster.address, "TUNE_GLOBAL_CHECKPOINT_S": "0.5"}
+    proc = subprocess.Popen([sys.executable, "-m", "explorer.cli", "run", str(path), "--executor", "ray", "--no-dashboard"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 150
+        while time.time() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+            try:
+                trials = optuna.load_study(study_name="tiny", storage=storage).trials
+            except Exception:  # not created yet
+                continue
+            # two epochs in: the Tuner's snapshot (every 0.5 s here) has seen the trial start
+            live = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING and len(t.user_attrs.get("curve", [])) >= 2]
+            if any(t.state == COMPLETE for t in trials) and live:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                return finished(optuna.load_study(study_name="tiny", storage=storage)), live[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    pytest.fail("the driver finished before it could be killed")
+
+
+def _check_resumed(ostudy: optuna.Study, before: dict[int, tuple], n_trials: int) -> None:
+    after = finished(ostudy)
+    assert {n: after[n] for n in before} == before  # finished before the kill: unchanged
+    archs = [arch for arch, _, _ in after.values()]
+    states = [(t.number, t.state.name, t.params.get("arch"), t.user_attrs.get("retry_of"), t.system_attrs.get("failed_trial")) for t in ostudy.trials]
+    assert len(archs) == len(set(archs)) == n_trials, states  # nothing completed twice; n_trials reached
+
+
+@pytest.mark.slow
+def test_killed_driver_resumed_with_explorer_resume(cluster: Cluster, tmp_path: Path) -> None:
+    budget = {"epochs": 4, "batch_size": 16, "lr": 0.003, "seed": 0}
+    path = write_study(tmp_path, FOUR, n_trials=4, budget=budget, executor={**RAY, "max_concurrent": 1})
+    storage = f"sqlite:///{tmp_path / 'tiny.db'}"
+    before, running = _kill_driver_mid_study(path, cluster, storage)
+    out = subprocess.run([sys.executable, "-m", "explorer.cli", "resume", str(path), "--reclaim", "--no-dashboard"],
+                         env={**os.environ, "RAY_ADDRESS": cluster.address}, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    ostudy = optuna.load_study(study_name="tiny", storage=storage)
+    _check_resumed(ostudy, before, 4)
+    assert ostudy.trials[running.number].state == optuna.trial.TrialState.FAIL  # reclaimed ...
+    rerun = [t for t in ostudy.get_trials(states=(COMPLETE,)) if t.user_attrs.get("retry_of") == running.number]
+    assert rerun and rerun[0].params["arch"] == running.params["arch"]  # ... and its configuration re-run
+
+
+@pytest.mark.slow
+def test_killed_driver_resumed_with_tuner_restore(cluster: Cluster, tmp_path: Path) -> None:
+    budget = {"epochs": 4, "batch_size": 16, "lr": 0.003, "seed": 0}
+    path = write_study(tmp_path, FOUR, n_trials=4, budget=budget, heartbeat_s=60, executor={**RAY, "max_concurrent": 1})
+    storage = f"sqlite:///{tmp_path / 'tiny.db'}"
+    before, running = _kill_driver_mid_study(path, cluster, storage)
+    study = load_study_spec(path)
+    (experiment,) = experiment_root(study).iterdir()
+    restore_tuner(experiment, study).fit()
+    ostudy = optuna.load_study(study_name="tiny", storage=storage)
+    _check_resumed(ostudy, before, 4)
+    resumed = ostudy.trials[running.number]  # the same Optuna trial, continued by the restored Tuner
+    assert resumed.state == COMPLETE and len(resumed.user_attrs["curve"]) == 4
