@@ -1,6 +1,6 @@
 """Orchestration overhead of a study: its wall time against the sum of its trials' own run times.
 
-    python bench/study_overhead.py [--trials 6] [--epochs 12]
+    python bench/study_overhead.py [--trials 6] [--epochs 24]
 
 A trial's run time is `run_trial` end to end (data, model, training, evaluation, κ); what the
 study adds on top is Optuna's sampling and storage writes, the pruner's reads and our bookkeeping.
@@ -55,7 +55,7 @@ def local_overhead(trials: int, epochs: int) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=6)
-    parser.add_argument("--epochs", type=int, default=12, help="per trial; 12 epochs is about 10 s here")
+    parser.add_argument("--epochs", type=int, default=24, help="per trial; 24 epochs is about 10 s on one quiet core")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

@@ -115,6 +115,8 @@ def _run(path: Path, *, create: bool, force: bool, executor: str | None, address
         study.spec.executor.name = executor
     if address:
         study.spec.executor.address = address
+    for key, value in study.paths().items():  # every place this run reads or writes, stated up front
+        err.print(f"{key}: {value}", markup=False, highlight=False)
     ostudy = study.open(create=create, force=force)
     if reclaim:
         numbers = study.reclaim_running(ostudy)
@@ -252,9 +254,9 @@ def recommend(
     from explorer.study import load_study_spec
 
     s = load_study_spec(study)
-    ostudy = s.open(create=False, force=True)
     base = s.space.baseline
     limit = parse_budget(budget, base.params if base else None)
+    ostudy = s.open(create=False, force=True)
     rec = best(trials_frame(ostudy), limit, base.key if base else None, s.task.metric,
                [(c.key, c.dims, c.params) for c in s.space.configs()], s.task.higher_is_better)
     for line in rec.lines():

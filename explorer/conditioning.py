@@ -86,9 +86,10 @@ def attention_condition(model: nn.Module, batch_x: torch.Tensor) -> list[float]:
     return [condition_number(a) for a in captured if a is not None]
 
 
-def geometric_mean(values: Sequence[float]) -> float:
-    """Geometric mean: κ spans orders of magnitude, so its typical value is a mean of logs."""
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
+def geometric_mean(values: Sequence[float]) -> float | None:
+    """κ spans orders of magnitude, so its typical value is a mean of logs (of the finite ones; None if none)."""
+    finite = [v for v in values if v > 0 and math.isfinite(v)]
+    return math.exp(sum(map(math.log, finite)) / len(finite)) if finite else None
 
 
 def condition_table(

@@ -3,6 +3,15 @@
 from __future__ import annotations
 
 
+def one_line(text: str) -> str:
+    """`text` with line breaks and other control characters escaped, as `repr` would write them.
+
+    File names, field names and values come from the user, and a YAML key may hold a newline: the
+    error that names it must still be one line.
+    """
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
 class ExplorerError(Exception):
     """A user-facing error: the CLI prints `str(err)` as one line and exits non-zero."""
 
@@ -10,7 +19,7 @@ class ExplorerError(Exception):
         self.source = source
         self.field = field
         where = ": ".join(part for part in (source, field) if part)
-        super().__init__(f"{where}: {message}" if where else message)
+        super().__init__(one_line(f"{where}: {message}" if where else message))
 
 
 class TrialFailed(Exception):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
@@ -26,6 +27,7 @@ from explorer.yamlio import read_yaml, validation_error
 
 Scalar = int | float | str | bool
 CANONICAL = ("layers", "heads", "width", "mlp")
+MAX_CANDIDATES = 100_000  # combinations of free values a space may enumerate (each is counted exactly)
 
 
 class Range(BaseModel):
@@ -138,7 +140,7 @@ class SearchSpace:
         return self.spec.name
 
     def _error(self, msg: str, field: str | None = None) -> ExplorerError:
-        return ExplorerError(msg, source=self.source, field=field)
+        return ExplorerError(msg, source=self.source, field=field or None)
 
     def _family(self) -> Family:
         try:
@@ -180,7 +182,9 @@ class SearchSpace:
     def _values(self, key: str, width: Any) -> list[Scalar]:
         values = self.spec.free[key]
         if values == "divisors":
-            return [h for h in range(1, int(width) + 1) if int(width) % h == 0]
+            if not isinstance(width, int) or isinstance(width, bool) or width < 1:
+                raise self._error(f"'divisors' needs a positive integer width, got width={width!r}", "free.heads")
+            return _divisors(width)
         if isinstance(values, Range):
             return values.values()
         return list(values)
@@ -189,6 +193,9 @@ class SearchSpace:
         """Every combination of free values, fixed and default dims filled in, in a stable order."""
         base = {**self.family.defaults(), **self.spec.fixed}
         order = [k for k in self.free_dims if k != "heads"]  # heads may depend on width
+        count = math.prod(_count(self.spec.free[k]) for k in order)
+        if count > MAX_CANDIDATES:  # checked before enumerating: a typo like max: 100000000 must not hang
+            raise self._error(f"{count:,} combinations of free values; at most {MAX_CANDIDATES:,} (narrow a range or raise its step)", "free")
         out = []
         for combo in itertools.product(*(self._values(k, None) for k in order)):
             dims = {**base, **dict(zip(order, combo))}
@@ -277,6 +284,19 @@ class SearchSpace:
     def fingerprint(self) -> str:
         """A hash of what defines the space, to refuse silently changing a running study's space."""
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _count(values: Any) -> int:
+    """How many values a free dimension takes, without listing a range (heads' divisors: counted later)."""
+    if isinstance(values, Range):
+        return len(range(values.min, values.max + 1, values.step))
+    return 1 if values == "divisors" else len(values)
+
+
+def _divisors(n: int) -> list[int]:
+    """The positive divisors of `n` in increasing order, in O(sqrt n) steps (none when n < 1)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0] if n >= 1 else []
+    return sorted({*small, *(n // d for d in small)})
 
 
 def load_space(path: str | Path) -> SearchSpace:

@@ -6,25 +6,35 @@ learning curve live there, so a study resumes, exports and renders from it at an
 
 from __future__ import annotations
 
-import math
+import contextlib
 import re
 import shutil
+import time
+import warnings
 from collections.abc import Callable
+from datetime import datetime
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
 import optuna
+import sqlalchemy
+import sqlalchemy.exc
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from explorer.conditioning import geometric_mean
 from explorer.errors import ExplorerError, TrialFailed
 from explorer.pruning import BinnedPruner, Peer, bin_edges
 from explorer.space import Config, SearchSpace, load_space
 from explorer.tasks import Task, get_task
 from explorer.train import Budget, TrialResult, run_trial
+from explorer.watchdog import time_limit
 from explorer.yamlio import read_yaml, validation_error
 
 OBJECTIVE_NAMES = ("params", "flops", "train_time_s")  # besides the task's metrics
+MAX_WORKER_DEATHS = 5  # a grid configuration whose trial died with its worker this often is not queued again
+# what a failing storage raises: SQLAlchemy (RDB), Optuna's wrapper of it, OS errors (journal file)
+STORAGE_ERRORS = (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, OSError)
 _OBJECTIVE = re.compile(r"^(maximize|minimize)\s+(\w+)$")
 
 
@@ -54,7 +64,11 @@ class PrunerSpec(BaseModel):
 
 
 class ExecutorSpec(BaseModel):
-    """Where trials run: `local` (in this process) or `ray` (Ray Tune; `address` joins a cluster)."""
+    """Where trials run: `local` (in this process) or `ray` (Ray Tune; `address` joins a cluster).
+
+    `cpu` and `gpu` are the resources of one trial (torch's CPU threads, locally); `max_concurrent`,
+    `max_failures` (retries of a trial whose worker died) and `address` are Ray's.
+    """
 
     model_config = ConfigDict(extra="forbid")
     name: Literal["local", "ray"] = "local"
@@ -79,7 +93,9 @@ class StudySpec(BaseModel):
     n_trials: int = Field(ge=1)
     max_failures: int | None = Field(None, ge=1)
     storage: str | None = None
+    storage_timeout_s: float = Field(60, gt=0)  # how long a worker waits for a locked SQLite file
     heartbeat_s: int = Field(5, ge=1)
+    trial_timeout_s: float | None = Field(None, gt=0)  # wall-clock limit of one trial (explorer.watchdog)
     executor: ExecutorSpec = ExecutorSpec()
 
     @field_validator("objectives", mode="before")
@@ -131,6 +147,8 @@ class Study:
             path = self.source.parent / path
         if must_exist and not path.exists():
             raise ExplorerError(f"{path} does not exist", source=str(self.source), field=field)
+        if must_exist and not path.is_file():
+            raise ExplorerError(f"{path} is not a file", source=str(self.source), field=field)
         return path
 
     def _default_objectives(self) -> list[Objective]:
@@ -151,14 +169,35 @@ class Study:
         for key, value in self.task.dims().items():
             if key in sample and sample[key] != value:
                 raise ExplorerError(f"task {self.task.name} gives {key}={value} but space {self.space.name} has {key}={sample[key]}",
-                                    source=str(self.source), field=f"task")
+                                    source=str(self.source), field="task")
 
     # -- storage ----------------------------------------------------------------------------------
     @property
     def storage_url(self) -> str:
-        if self.spec.storage:
-            return self.spec.storage
-        return f"sqlite:///{(self.source.parent / f'{self.spec.name}.db').resolve()}"
+        """The storage URL; a relative SQLite path is relative to the study's folder, like every path here."""
+        url = self.spec.storage
+        if not url:
+            return f"sqlite:///{(self.source.parent / f'{self.spec.name}.db').resolve()}"
+        rest = url.removeprefix("sqlite:///")
+        if url.startswith("sqlite:///") and rest and not rest.startswith(("/", ":memory:", "?", "file:")):
+            return f"sqlite:///{(self.source.parent / rest).resolve()}"
+        return url
+
+    def paths(self) -> dict[str, str]:
+        """Every place on disk this study reads or writes, resolved: `explorer run` states them."""
+        out = {"study": str(self.source.resolve()), "space": str(Path(self.space.source).resolve())}
+        for key in ("root", "path"):
+            if isinstance(self.spec.task.get(key), str):
+                out[f"task.{key}"] = str(self._path(self.spec.task[key], f"task.{key}", must_exist=False).resolve())
+        url = self.storage_url
+        if url.startswith("journal:"):
+            out["storage"] = str(self._path(url.removeprefix("journal:"), "storage", must_exist=False).resolve())
+        elif url.startswith("sqlite:///"):
+            out["storage"] = url.removeprefix("sqlite:///").split("?")[0]
+        else:
+            out["storage"] = _shown(url)  # a server: never print its password
+        out["checkpoints"] = str(self.checkpoint_root.resolve())
+        return out
 
     @property
     def checkpoint_root(self) -> Path:
@@ -172,15 +211,35 @@ class Study:
                 path = self._path(url.removeprefix("journal:"), "storage", must_exist=False)
                 backend = optuna.storages.journal.JournalFileBackend(str(path))
                 return optuna.storages.JournalStorage(backend)
-            return optuna.storages.RDBStorage(
-                url,
-                engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None,
-                heartbeat_interval=self.spec.heartbeat_s,
-                grace_period=3 * self.spec.heartbeat_s,
-                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3),
-            )
+            sqlite = url.startswith("sqlite")
+            for attempt in range(5):
+                try:  # heartbeats are "experimental" in Optuna since 2.8: say nothing about it on every open
+                    with warnings.catch_warnings(action="ignore", category=optuna.exceptions.ExperimentalWarning):
+                        storage = optuna.storages.RDBStorage(
+                            url,
+                            engine_kwargs={"connect_args": {"timeout": self.spec.storage_timeout_s}} if sqlite else None,
+                            heartbeat_interval=self.spec.heartbeat_s,
+                            grace_period=3 * self.spec.heartbeat_s,
+                            heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3),
+                        )
+                    break
+                except sqlalchemy.exc.IntegrityError:  # workers creating a new storage's schema at once: one wins
+                    if attempt == 4:
+                        raise
+                    time.sleep(0.2 * (attempt + 1))
+            if sqlite:
+                _serialize_sqlite(storage.engine)
+            return storage
         except Exception as err:  # sqlalchemy/OS errors vary by backend; all mean "cannot open"
-            raise ExplorerError(f"cannot open storage {url!r}: {str(err).splitlines()[0]}", source=str(self.source), field="storage") from None
+            raise self.storage_error(err, "cannot open") from None
+
+    def storage_error(self, err: BaseException, what: str = "cannot use") -> ExplorerError:
+        """A storage fault (locked, read-only, full, corrupt, unreachable) as one line naming the storage."""
+        while err.__cause__ is not None:  # Optuna wraps the driver's error: report the driver's words
+            err = err.__cause__
+        text = str(getattr(err, "orig", None) or err).strip().splitlines()
+        return ExplorerError(f"{what} storage {_shown(self.storage_url)!r}: {text[0] if text else type(err).__name__}",
+                             source=str(self.source), field="storage")
 
     def sampler(self) -> optuna.samplers.BaseSampler:
         s = self.spec.sampler
@@ -202,41 +261,130 @@ class Study:
         return [cfg.key for cfg in self.space.configs()]
 
     def open(self, *, create: bool = True, force: bool = False) -> optuna.Study:
-        """Create the Optuna study or load the existing one (Optuna's `load_if_exists`).
+        """Create the Optuna study or load the existing one; several workers may open it at once.
 
         An existing study whose space, task or objectives differ is refused unless `force`: its stored
-        trials would silently mix two questions.
+        trials would silently mix two questions. A grid study queues every feasible configuration as a
+        WAITING trial when it is created: workers pop queued trials atomically, so none is run twice.
         """
+        stored = self.paths()["storage"]
+        if not create and self.storage_url.startswith(("sqlite:///", "journal:")) and not Path(stored).exists():
+            raise ExplorerError(f"no study {self.spec.name!r} yet: {stored} does not exist (start it with `explorer run`)",
+                                source=str(self.source), field="storage")
         storage = self.storage()
         directions = [o.direction for o in self.objectives]
         kwargs = dict(study_name=self.spec.name, storage=storage, sampler=self.sampler())
         try:
+            created = False
             if create:
-                study = optuna.create_study(directions=directions, load_if_exists=True, **kwargs)
+                try:
+                    study = optuna.create_study(directions=directions, **kwargs)
+                    created = True
+                except optuna.exceptions.DuplicatedStudyError:
+                    study = optuna.load_study(**kwargs)
             else:
                 study = optuna.load_study(**kwargs)
+            self._check_identity(study, created, force)
         except KeyError:
             raise ExplorerError(f"no study {self.spec.name!r} in {self.storage_url}", source=str(self.source)) from None
-        except Exception as err:
-            raise ExplorerError(f"cannot open storage {self.storage_url!r}: {str(err).splitlines()[0]}", source=str(self.source), field="storage") from None
+        except STORAGE_ERRORS as err:
+            raise self.storage_error(err, "cannot open") from None
+        return study
+
+    def _check_identity(self, study: optuna.Study, created: bool, force: bool) -> None:
+        """Record what the study answers (its creator does, after queueing a grid) or check it matches."""
         identity = self.identity()
         stored = study.user_attrs.get("identity")
-        if stored is None:
-            if [d.name.lower() for d in study.directions] != directions:
+        deadline = time.monotonic() + 10
+        while stored is None and not created and time.monotonic() < deadline:  # its creator is still writing
+            time.sleep(0.2)
+            stored = study.user_attrs.get("identity")
+        if stored is None:  # new (or its creator died before recording it)
+            if [d.name.lower() for d in study.directions] != [o.direction for o in self.objectives]:
                 raise ExplorerError("the stored study has other objectives", source=str(self.source), field="objectives")
+            self.queue_grid(study)
             for key, value in {**identity, "spec": self.spec.model_dump(mode="json"), "space": self.space.to_dict(),
                                "baseline": self.space.baseline.key if self.space.baseline else None,
                                "metric": self.task.metric, "higher_is_better": self.task.higher_is_better,
                                "objectives": [o.model_dump() for o in self.objectives]}.items():
                 study.set_user_attr(key, value)
-            study.set_user_attr("identity", identity)
-        elif stored != identity:
+            study.set_user_attr("identity", identity)  # last: other workers wait for it
+            return
+        if stored != identity:
             changed = sorted(k for k in identity if identity[k] != stored.get(k))
             if not force:
                 raise ExplorerError(f"the stored study was made with another {', '.join(changed)}; rerun with --force to continue it anyway",
                                     source=str(self.source))
             study.set_user_attr("identity", identity)
-        return study
+            self.queue_grid(study)  # a forced new space: queue its configurations no trial has taken
+
+    def queue_grid(self, study: optuna.Study) -> list[str]:
+        """Enqueue each feasible configuration no trial has taken yet (grid studies only).
+
+        Called by the study's creator before it records the identity, so other workers find the queue
+        full; only after `--force` with a new space may two workers queue the same configuration at
+        once, and then the later copy is answered from storage (or waited for while it trains).
+        """
+        if self.spec.sampler.name != "grid":
+            return []
+        taken = {t.system_attrs.get("fixed_params", t.params).get("arch") for t in study.get_trials(deepcopy=False)}
+        missing = [key for key in self.keys if key not in taken]
+        for key in missing:
+            study.enqueue_trial({"arch": key})
+        return missing
+
+    def waiting(self, study: optuna.Study) -> int:
+        """Queued trials not yet taken by any worker, after re-queueing the work of dead workers."""
+        with warnings.catch_warnings(action="ignore", category=optuna.exceptions.ExperimentalWarning):
+            optuna.storages.fail_stale_trials(study)  # a no-op without heartbeats (journal files)
+            self._fail_unbeaten(study)
+        self._requeue_lost(study)
+        return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
+
+    def _fail_unbeaten(self, study: optuna.Study) -> None:
+        """Fail and retry RUNNING trials that never recorded a heartbeat, past the grace period.
+
+        A worker killed between taking a trial and its first heartbeat (milliseconds) leaves such a
+        trial; Optuna only fails trials whose heartbeat went stale, so it would stay RUNNING forever.
+        """
+        storage = study._storage
+        rdb = getattr(storage, "_backend", storage)  # Optuna wraps an RDBStorage in a cache
+        if not isinstance(rdb, optuna.storages.RDBStorage) or rdb.heartbeat_interval is None:
+            return
+        grace = rdb.grace_period or 2 * rdb.heartbeat_interval
+        with rdb.engine.connect() as connection:
+            beating = {row[0] for row in connection.execute(sqlalchemy.text("SELECT trial_id FROM trial_heartbeats"))}
+        now = datetime.now()  # Optuna stamps datetime_start with the worker's local clock, as here
+        callback = storage.get_heartbeat_stale_trial_callback()
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            if t._trial_id in beating or t.datetime_start is None or (now - t.datetime_start).total_seconds() < grace:
+                continue
+            try:
+                if storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL) and callback is not None:
+                    callback(study, storage.get_trial(t._trial_id))
+            except optuna.exceptions.UpdateFinishedTrialError:  # another worker got there first
+                continue
+
+    def _requeue_lost(self, study: optuna.Study) -> None:
+        """Queue again a grid configuration whose every trial died with its worker and was not retried.
+
+        A worker killed after failing a stale trial but before queueing its retry loses the
+        configuration; so does one past Optuna's retry limit. Up to MAX_WORKER_DEATHS per configuration:
+        one that keeps killing its worker (the kernel's OOM killer) is then left failed.
+        """
+        if self.spec.sampler.name != "grid":
+            return
+        alive: set[str] = set()
+        deaths: dict[str, int] = {}
+        for t in study.get_trials(deepcopy=False):
+            key = t.system_attrs.get("fixed_params", t.params).get("arch")
+            if t.state == optuna.trial.TrialState.FAIL and "fail_reason" not in t.user_attrs:
+                deaths[key] = deaths.get(key, 0) + 1
+            else:
+                alive.add(key)
+        for key, n in deaths.items():
+            if key not in alive and key in self.configs and n < MAX_WORKER_DEATHS:
+                study.enqueue_trial({"arch": key}, user_attrs={"requeued_after_deaths": n})
 
     def identity(self) -> dict[str, Any]:
         """What defines the question a study answers: changing it mid-study is refused."""
@@ -282,20 +430,26 @@ class Study:
                  device: str | None = None) -> dict[str, Any]:
         """Train `cfg` (resuming its checkpoint if a killed run left one) and return its trial attributes.
 
-        Any failure inside the trial (NaN loss, out of memory, an error in the model) becomes
-        `TrialFailed(reason)`, so the study goes on; pruning and interrupts pass through.
+        Any failure inside the trial (NaN loss, out of memory, an error in the model, running past
+        `trial_timeout_s`) becomes `TrialFailed(reason)`, so the study goes on; pruning and interrupts
+        pass through.
         """
         ckpt = self.checkpoint_dir(cfg)
+        start = time.perf_counter()
         try:
-            result = run_trial(cfg.family, cfg.dims, self.task, self.spec.budget, callback=on_epoch,
-                               checkpoint_dir=ckpt, device=device)
-        except (optuna.TrialPruned, KeyboardInterrupt, TrialFailed):
+            with time_limit(self.spec.trial_timeout_s):
+                result = run_trial(cfg.family, cfg.dims, self.task, self.spec.budget, callback=on_epoch,
+                                   checkpoint_dir=ckpt, device=device)
+        except KeyboardInterrupt:  # kept: the resumed trial continues from its checkpoint
+            raise
+        except (optuna.TrialPruned, TrialFailed):
+            _remove_checkpoint(ckpt)
             raise
         except Exception as err:
+            _remove_checkpoint(ckpt)
             raise TrialFailed(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
-        else:
-            shutil.rmtree(ckpt, ignore_errors=True)
-        return {**self.attrs(cfg, result), "curve": result.curve}
+        _remove_checkpoint(ckpt)
+        return {**self.attrs(cfg, result), "curve": result.curve, "trial_time_s": time.perf_counter() - start}
 
     def reclaim_running(self, study: optuna.Study) -> list[int]:
         """Mark RUNNING trials failed and queue their configurations again.
@@ -326,6 +480,10 @@ class Study:
     def failures(self, study: optuna.Study) -> int:
         return sum(t.state == optuna.trial.TrialState.FAIL and "fail_reason" in t.user_attrs for t in study.get_trials(deepcopy=False))
 
+    def too_many_failures(self, study: optuna.Study) -> bool:
+        """Whether `max_failures` trials failed by themselves: the study stops, it would fail them all."""
+        return self.spec.max_failures is not None and self.failures(study) >= self.spec.max_failures
+
     def peers(self, study: optuna.Study, number: int) -> list[Peer]:
         """The other trials' parameter counts and per-epoch curves, for pruning."""
         return [Peer(t.user_attrs["params"], t.user_attrs["curve"]) for t in study.get_trials(deepcopy=False)
@@ -342,10 +500,39 @@ class Study:
         return max(0, self.spec.n_trials - self.finished(study))
 
 
-def geometric_mean(values: list[float]) -> float | None:
-    """κ spans orders of magnitude: its typical value over blocks is a geometric mean."""
-    finite = [v for v in values if v > 0 and math.isfinite(v)]
-    return math.exp(sum(map(math.log, finite)) / len(finite)) if finite else None
+def _remove_checkpoint(folder: Path) -> None:
+    """A finished trial's checkpoint is spent; the study's checkpoint root goes too once it is empty."""
+    shutil.rmtree(folder, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        folder.parent.rmdir()
+
+
+def _shown(url: str) -> str:
+    """A storage URL fit for messages and logs: a server's password is masked."""
+    try:
+        return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not an RDB URL (journal:PATH) or not parseable: nothing to hide in it
+        return url
+
+
+def _serialize_sqlite(engine: sqlalchemy.Engine) -> None:
+    """Run every SQLite transaction as `BEGIN IMMEDIATE`, so read-then-write is atomic across processes.
+
+    Python's sqlite3 driver begins a transaction only at the first write, so Optuna's check that a
+    queued (WAITING) trial is still waiting and its update to RUNNING are not atomic: two workers can
+    pop the same trial. With the write lock taken at BEGIN, the second worker waits (up to the connect
+    timeout, `storage_timeout_s`) and then sees the trial RUNNING (SQLAlchemy's documented recipe).
+    """
+
+    @sqlalchemy.event.listens_for(engine, "connect")
+    def _autocommit_driver(dbapi_connection: Any, record: Any) -> None:
+        dbapi_connection.isolation_level = None
+
+    @sqlalchemy.event.listens_for(engine, "begin")
+    def _begin_immediate(connection: sqlalchemy.Connection) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    engine.dispose()  # connections opened before the hooks (Optuna's schema check) are dropped
 
 
 def load_study_spec(path: str | Path) -> Study:

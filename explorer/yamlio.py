@@ -24,6 +24,8 @@ def read_yaml(path: str | Path) -> dict:
         raise ExplorerError(f"cannot read: {err}", source=str(path)) from None
     try:
         data = yaml.safe_load(text)
+    except RecursionError:
+        raise ExplorerError("invalid YAML: nested too deeply", source=str(path)) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else None
@@ -31,7 +33,28 @@ def read_yaml(path: str | Path) -> dict:
         raise ExplorerError(f"invalid YAML: {problem}", source=str(path), field=where) from None
     if not isinstance(data, dict):
         raise ExplorerError(f"expected a mapping at the top level, got {type(data).__name__}", source=str(path))
+    if _exceeds(data, MAX_VALUES):
+        raise ExplorerError(f"more than {MAX_VALUES:,} values once aliases are expanded", source=str(path))
     return data
+
+
+MAX_VALUES = 100_000  # a study or space is a few dozen values; YAML aliases can expand to billions
+
+
+def _exceeds(data: object, limit: int) -> bool:
+    """Whether `data` holds more than `limit` values counting shared (aliased) parts each time they occur."""
+    stack, seen = [data], 0
+    while stack:
+        item = stack.pop()
+        seen += 1
+        if seen > limit:
+            return True
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def validation_error(err: ValidationError, source: str, prefix: str = "") -> ExplorerError:

@@ -35,6 +35,7 @@ def test_params_of_a_space_and_of_one_configuration() -> None:
 def test_run_status_export_recommend_dashboard(tiny_study: Path, tmp_path: Path) -> None:
     out = ok("run", tiny_study, "--no-dashboard")
     assert "6/6 finished" in out and "Pareto front" in out
+    assert f"storage: {tiny_study.parent / 'tiny.db'}" in out  # every path it writes, stated first
     assert "6/6 finished" in ok("status", tiny_study)
     ok("export", tiny_study, "--format", "csv", "--out", tmp_path / "t.csv")
     frame = pd.read_csv(tmp_path / "t.csv")
@@ -69,3 +70,27 @@ def test_errors_are_one_line_with_exit_code_1(args: list[str], words: str, tmp_p
     assert proc.returncode == 1, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0], proc.stderr
+
+
+@pytest.mark.slow
+def test_recommend_on_the_shipped_default_study_is_on_its_front(tmp_path: Path) -> None:
+    """The default study (one epoch per trial, not twenty) answers a budget with a front configuration."""
+    import yaml
+
+    from explorer.frame import trials_frame
+    from explorer.pareto import pareto_mask
+    from explorer.study import load_study_spec
+
+    doc = yaml.safe_load((ROOT / "studies" / "digits-vit-trade.yaml").read_text())
+    doc["space"] = str(ROOT / "spaces" / "vit-digits.yaml")
+    doc["budget"]["epochs"] = 1
+    path = tmp_path / "digits-vit-trade.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    ok("run", path, "--no-dashboard")
+    rec = ok("recommend", path, "--budget", "150k")
+    frame = trials_frame(load_study_spec(path).open(create=False))
+    done = frame[frame["state"] == "COMPLETE"]
+    front = done[pareto_mask(done[["accuracy", "params"]].to_numpy(float), ["maximize", "minimize"])]
+    within = front[front["params"] <= 150_000]
+    best = within.loc[within["accuracy"].idxmax()]
+    assert f"layers={best['layers']},heads={best['heads']}" in rec and "measured" in rec, rec

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import optuna
 import pytest
-import yaml
 from conftest import TINY_SPACE, write_study
 
 from explorer.errors import ExplorerError
@@ -73,7 +72,7 @@ def test_resampled_configuration_is_not_trained_twice(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_sigkill_mid_trial_then_resume_loses_nothing(tmp_path: Path) -> None:
-    path = write_study(tmp_path, budget={"epochs": 4, "batch_size": 32, "lr": 0.003, "seed": 0})
+    path = write_study(tmp_path, budget={"epochs": 6, "batch_size": 32, "lr": 0.003, "seed": 0})
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "explorer.cli", "run", str(path), "--no-dashboard"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -89,8 +88,9 @@ def test_sigkill_mid_trial_then_resume_loses_nothing(tmp_path: Path) -> None:
             except Exception:  # the study may not exist yet
                 continue
             done = [t for t in trials if t.state == COMPLETE]
-            live = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING and t.user_attrs.get("curve")]
-            if done and live:  # killed after an epoch of a trial, so its checkpoint exists
+            # after its first or second epoch (so its checkpoint exists), with 4 epochs left: the kill lands mid-trial
+            live = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING and 1 <= len(t.user_attrs.get("curve", [])) <= 2]
+            if done and live:
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
                 before = {t.number: (t.params["arch"], tuple(t.values), t.user_attrs["accuracy"]) for t in done}

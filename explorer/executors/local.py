@@ -66,11 +66,11 @@ class LocalExecutor(Executor):
         def after(s: optuna.Study, t: optuna.trial.FrozenTrial) -> None:
             if on_trial is not None:
                 on_trial(s, t)
-            if _done(study, s) or _too_many_failures(study, s):
+            if _done(study, s) or study.too_many_failures(s):
                 s.stop()
 
         ostudy.optimize(objective, callbacks=[after], catch=(TrialFailed,), gc_after_trial=False)
-        if _too_many_failures(study, ostudy):
+        if study.too_many_failures(ostudy):
             raise ExplorerError(f"stopped after {study.failures(ostudy)} failed trials (max_failures: {study.spec.max_failures}); "
                                 "see `explorer status` for their reasons", source=str(study.source))
 
@@ -85,12 +85,11 @@ def _await_earlier(study: Study, ostudy: optuna.Study, number: int, key: str) ->
 
     Only earlier trials are waited for, so two workers never wait for each other; a stale one (its
     worker died) is failed by `waiting` after the heartbeat grace period, and then this trial trains.
+    Without heartbeats (journal files) a dead worker's trial stays RUNNING, so there is no waiting.
     """
+    if getattr(ostudy._storage, "get_heartbeat_interval", lambda: None)() is None:
+        return
     running = (optuna.trial.TrialState.RUNNING,)
     while any(t.number < number and t.params.get("arch") == key for t in ostudy.get_trials(deepcopy=False, states=running)):
         time.sleep(study.spec.heartbeat_s)
         study.waiting(ostudy)
-
-
-def _too_many_failures(study: Study, ostudy: optuna.Study) -> bool:
-    return study.spec.max_failures is not None and study.failures(ostudy) >= study.spec.max_failures

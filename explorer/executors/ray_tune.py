@@ -58,7 +58,7 @@ class RayExecutor(Executor):
             make_tuner(study, link, name).fit()
         finally:
             link.release()
-        if _too_many_failures(study, ostudy):
+        if study.too_many_failures(ostudy):
             raise ExplorerError(f"stopped after {study.failures(ostudy)} failed trials (max_failures: {study.spec.max_failures}); "
                                 "see `explorer status` for their reasons", source=str(study.source))
 
@@ -191,8 +191,6 @@ class _Link:
             self._beating.set()
 
 
-def _too_many_failures(study: Study, ostudy: optuna.Study) -> bool:
-    return study.spec.max_failures is not None and study.failures(ostudy) >= study.spec.max_failures
 
 
 # -- Optuna <-> Ray Tune ------------------------------------------------------------------------------------
@@ -224,7 +222,7 @@ class OptunaBridge(Searcher):
                 if not self._answer_from_storage(number, key):
                     return self._launch(trial_id, number, key)
         while True:
-            if study.remaining(ostudy) <= len(self.link.open_trials) or _too_many_failures(study, ostudy) or (
+            if study.remaining(ostudy) <= len(self.link.open_trials) or study.too_many_failures(ostudy) or (
                     study.spec.sampler.name == "grid" and study.waiting(ostudy) == 0):
                 return None if self.held else Searcher.FINISHED
             with warnings.catch_warnings():

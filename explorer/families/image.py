@@ -8,7 +8,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
-from explorer.families import Dims, Family, register
+from explorer.families import Family, register
 from explorer.families._transformer import (
     BlockDims,
     block_flops,

@@ -6,7 +6,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from explorer.families import Dims, Family, register
+from explorer.families import Family, register
 from explorer.families._transformer import BlockDims, block_flops, block_params, blocks, norm_params
 
 

@@ -8,7 +8,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from explorer.families import Dims, Family, register
+from explorer.families import Family, register
 from explorer.families._transformer import (
     Act,
     BlockDims,
