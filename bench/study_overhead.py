@@ -22,6 +22,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from explorer.executors import Executor  # noqa: E402
 from explorer.executors.local import LocalExecutor  # noqa: E402
 from explorer.study import load_study_spec  # noqa: E402
 
@@ -39,17 +40,20 @@ def make_study(folder: Path, trials: int, epochs: int) -> Path:
     return path
 
 
+def timed(path: Path, executor: Executor) -> tuple[float, float]:
+    """(study wall time from loading its YAML, sum of its completed trials' run times)."""
+    start = time.perf_counter()
+    study = load_study_spec(path)
+    ostudy = study.open()
+    executor.run(study, ostudy)
+    wall = time.perf_counter() - start
+    return wall, sum(t.user_attrs["trial_time_s"] for t in ostudy.get_trials(states=(optuna.trial.TrialState.COMPLETE,)))
+
+
 def local_overhead(trials: int, epochs: int) -> tuple[float, float]:
     """(study wall time, sum of trial run times) for the local executor."""
     with tempfile.TemporaryDirectory() as tmp:
-        path = make_study(Path(tmp), trials, epochs)
-        start = time.perf_counter()
-        study = load_study_spec(path)
-        ostudy = study.open()
-        LocalExecutor().run(study, ostudy)
-        wall = time.perf_counter() - start
-        work = sum(t.user_attrs["trial_time_s"] for t in ostudy.get_trials(states=(optuna.trial.TrialState.COMPLETE,)))
-    return wall, work
+        return timed(make_study(Path(tmp), trials, epochs), LocalExecutor())
 
 
 def main() -> None:
@@ -81,14 +85,7 @@ def ray_wall(trials: int, epochs: int, workers: int) -> tuple[float, float]:
     from explorer.executors.ray_tune import RayExecutor
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = ray_study(Path(tmp), trials, epochs, workers)
-        start = time.perf_counter()
-        study = load_study_spec(path)
-        ostudy = study.open()
-        RayExecutor().run(study, ostudy)
-        wall = time.perf_counter() - start
-        work = sum(t.user_attrs["trial_time_s"] for t in ostudy.get_trials(states=(optuna.trial.TrialState.COMPLETE,)))
-    return wall, work
+        return timed(ray_study(Path(tmp), trials, epochs, workers), RayExecutor())
 
 
 def ray_main() -> None:

@@ -89,7 +89,7 @@ def main() -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per round")
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     args = parser.parse_args()
@@ -111,9 +111,10 @@ def main() -> None:
     for step in steps.values():  # warm up: allocator, kernels, autotuning
         for _ in range(3):
             step(x, y)
-    rounds: list[dict[str, float]] = [
-        {name: seconds_per_step(step, x, y, args.steps, device) for name, step in steps.items()}
-        for _ in range(args.rounds)
+    names = list(steps)
+    rounds: list[dict[str, float]] = [  # each model goes first in every other round
+        {name: seconds_per_step(steps[name], x, y, args.steps, device) for name in names[:: 1 if i % 2 == 0 else -1]}
+        for i in range(args.rounds)
     ]
     best = {name: min(r[name] for r in rounds) for name in steps}
     ratios = sorted(r["timm"] / r["explorer"] for r in rounds)

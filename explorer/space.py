@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from explorer.errors import ExplorerError
 from explorer.families import Family, get_family
 from explorer.units import parse_count
-from explorer.yamlio import read_yaml, validation_error
+from explorer.yamlio import load_model
 
 Scalar = int | float | str | bool
 CANONICAL = ("layers", "heads", "width", "mlp")
@@ -301,13 +301,7 @@ def _divisors(n: int) -> list[int]:
 
 def load_space(path: str | Path) -> SearchSpace:
     """Load and validate a space YAML; every error names the file and the field."""
-    source = str(path)
-    data = read_yaml(path)
-    try:
-        spec = SpaceSpec.model_validate(data)
-    except ValidationError as err:
-        raise validation_error(err, source) from None
-    space = SearchSpace(spec, source)
+    space = SearchSpace(load_model(SpaceSpec, path), str(path))
     space.configs()  # an empty space is an error at load time
     space.baseline
     return space

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import optuna
 import sqlalchemy
 import sqlalchemy.exc
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from explorer.conditioning import geometric_mean
 from explorer.errors import ExplorerError, TrialFailed
@@ -29,7 +29,7 @@ from explorer.space import Config, SearchSpace, load_space
 from explorer.tasks import Task, get_task
 from explorer.train import Budget, TrialResult, run_trial
 from explorer.watchdog import time_limit
-from explorer.yamlio import read_yaml, validation_error
+from explorer.yamlio import load_model
 
 OBJECTIVE_NAMES = ("params", "flops", "train_time_s")  # besides the task's metrics
 MAX_WORKER_DEATHS = 5  # a grid configuration whose trial died with its worker this often is not queued again
@@ -537,10 +537,4 @@ def _serialize_sqlite(engine: sqlalchemy.Engine) -> None:
 
 def load_study_spec(path: str | Path) -> Study:
     """Load a study YAML and everything it names; every error names the file and the field."""
-    source = Path(path)
-    data = read_yaml(source)
-    try:
-        spec = StudySpec.model_validate(data)
-    except ValidationError as err:
-        raise validation_error(err, str(source)) from None
-    return Study(spec, source)
+    return Study(load_model(StudySpec, path), Path(path))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 from pathlib import Path
 
 import numpy as np
@@ -156,13 +155,16 @@ def test_hypervolume_ignores_points_beyond_the_reference() -> None:
     assert hypervolume(values, ["maximize", "minimize"], [0.2, 2.0]) == pytest.approx(0.3 * 1.0)
 
 
-def test_fronts_are_fast_on_100k_points() -> None:
+def test_fronts_of_100k_points() -> None:
+    """Scale (its speed is measured by bench/pareto.py, side by side with Optuna's own front)."""
     values = np.random.default_rng(0).random((100_000, 2))
-    start = time.perf_counter()
     mask = pareto_mask(values, ["maximize", "minimize"])
     volume = hypervolume(values, ["maximize", "minimize"], [0.0, 1.0])
-    assert time.perf_counter() - start < 2.0
+    front = values[mask]
     assert 0 < mask.sum() < 100 and 0.99 < volume < 1.0
+    assert volume == pytest.approx(hypervolume(front, ["maximize", "minimize"], [0.0, 1.0]))
+    dominated = (values[:, None, 0] <= front[None, :, 0]) & (values[:, None, 1] >= front[None, :, 1])
+    assert dominated[~mask].any(axis=1).all()  # every point off the front is matched by one on it
 
 
 def test_knee_is_the_bend_and_ignores_direction() -> None:
