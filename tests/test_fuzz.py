@@ -113,26 +113,19 @@ def test_random_documents(doc: Any) -> None:
     shutil.rmtree(tmp)
 
 
-@pytest.mark.slow  # the timm spaces count parameters on the meta device: ~0.5 s an example
+@pytest.mark.parametrize("folder, sources, load, valid", [
+    # the timm spaces count parameters on the meta device: ~0.5 s an example
+    pytest.param("spaces", SPACES, load_space, valid_space, marks=pytest.mark.slow, id="spaces"),
+    pytest.param("studies", STUDIES, load_study_spec, valid_study, id="studies"),
+])
 @FUZZ
 @given(data=st.data())
-def test_mutated_shipped_spaces(data: st.DataObject) -> None:
+def test_mutated_shipped_files(folder: str, sources: list[Path], load: Callable, valid: Callable, data: st.DataObject) -> None:
     tmp = workdir()
-    source = data.draw(st.sampled_from(SPACES))
-    path = tmp / "spaces" / source.name
+    source = data.draw(st.sampled_from(sources))
+    path = tmp / folder / source.name
     path.write_text(yaml.safe_dump(mutate(yaml.safe_load(source.read_text()), data)))
-    check(load_space, path, valid_space)
-    shutil.rmtree(tmp)
-
-
-@FUZZ
-@given(data=st.data())
-def test_mutated_shipped_studies(data: st.DataObject) -> None:
-    tmp = workdir()
-    source = data.draw(st.sampled_from(STUDIES))
-    path = tmp / "studies" / source.name
-    path.write_text(yaml.safe_dump(mutate(yaml.safe_load(source.read_text()), data)))
-    check(load_study_spec, path, valid_study)
+    check(load, path, valid)
     shutil.rmtree(tmp)
 
 
