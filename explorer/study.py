@@ -189,15 +189,19 @@ class Study:
         for key in ("root", "path"):
             if isinstance(self.spec.task.get(key), str):
                 out[f"task.{key}"] = str(self._path(self.spec.task[key], f"task.{key}", must_exist=False).resolve())
-        url = self.storage_url
-        if url.startswith("journal:"):
-            out["storage"] = str(self._path(url.removeprefix("journal:"), "storage", must_exist=False).resolve())
-        elif url.startswith("sqlite:///"):
-            out["storage"] = url.removeprefix("sqlite:///").split("?")[0]
-        else:
-            out["storage"] = _shown(url)  # a server: never print its password
+        file = self.storage_file()
+        out["storage"] = str(file) if file else _shown(self.storage_url)  # a server: never print its password
         out["checkpoints"] = str(self.checkpoint_root.resolve())
         return out
+
+    def storage_file(self) -> Path | None:
+        """The file the storage lives in (SQLite, journal), resolved; None for a database server."""
+        url = self.storage_url
+        if url.startswith("journal:"):
+            return self._path(url.removeprefix("journal:"), "storage", must_exist=False).resolve()
+        if url.startswith("sqlite:///"):
+            return Path(url.removeprefix("sqlite:///").split("?")[0])
+        return None
 
     @property
     def checkpoint_root(self) -> Path:
@@ -208,8 +212,7 @@ class Study:
         url = self.storage_url
         try:
             if url.startswith("journal:"):
-                path = self._path(url.removeprefix("journal:"), "storage", must_exist=False)
-                backend = optuna.storages.journal.JournalFileBackend(str(path))
+                backend = optuna.storages.journal.JournalFileBackend(str(self.storage_file()))
                 return optuna.storages.JournalStorage(backend)
             sqlite = url.startswith("sqlite")
             for attempt in range(5):
@@ -267,9 +270,9 @@ class Study:
         trials would silently mix two questions. A grid study queues every feasible configuration as a
         WAITING trial when it is created: workers pop queued trials atomically, so none is run twice.
         """
-        stored = self.paths()["storage"]
-        if not create and self.storage_url.startswith(("sqlite:///", "journal:")) and not Path(stored).exists():
-            raise ExplorerError(f"no study {self.spec.name!r} yet: {stored} does not exist (start it with `explorer run`)",
+        file = self.storage_file()
+        if not create and file is not None and not file.exists():  # loading must not create an empty file
+            raise ExplorerError(f"no study {self.spec.name!r} yet: {file} does not exist (start it with `explorer run`)",
                                 source=str(self.source), field="storage")
         storage = self.storage()
         directions = [o.direction for o in self.objectives]

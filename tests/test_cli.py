@@ -94,3 +94,11 @@ def test_recommend_on_the_shipped_default_study_is_on_its_front(tmp_path: Path) 
     within = front[front["params"] <= 150_000]
     best = within.loc[within["accuracy"].idxmax()]
     assert f"layers={best['layers']},heads={best['heads']}" in rec and "measured" in rec, rec
+
+
+def test_a_study_never_run_is_one_line_and_no_file_is_created(tiny_study: Path) -> None:
+    for args in (["status", tiny_study], ["recommend", tiny_study, "--budget", "4k"]):
+        proc = subprocess.run([sys.executable, "-m", "explorer.cli", *map(str, args)], capture_output=True, text=True)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 1 and len(lines) == 1 and "does not exist (start it with `explorer run`)" in lines[0], proc.stderr
+    assert not (tiny_study.parent / "tiny.db").exists()

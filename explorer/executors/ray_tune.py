@@ -191,8 +191,6 @@ class _Link:
             self._beating.set()
 
 
-
-
 # -- Optuna <-> Ray Tune ------------------------------------------------------------------------------------
 class OptunaBridge(Searcher):
     """A Ray searcher that asks and tells the study's Optuna storage.
