@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+import typing
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -108,11 +109,11 @@ def _scalar(text: str):
 def _run(path: Path, *, create: bool, force: bool, executor: str | None, address: str | None,
          reclaim: bool, dashboard: bool) -> None:
     from explorer.executors import get_executor
-    from explorer.study import load_study_spec
+    from explorer.study import MAX_DUPLICATE_RUN, load_study_spec
 
     study = load_study_spec(path)
     if executor:
-        study.spec.executor.name = executor
+        study.spec.executor.name = _executor_name(executor)
     if address:
         study.spec.executor.address = address
     for key, value in study.paths().items():  # every place this run reads or writes, stated up front
@@ -122,19 +123,59 @@ def _run(path: Path, *, create: bool, force: bool, executor: str | None, address
         numbers = study.reclaim_running(ostudy)
         if numbers:
             err.print(f"reclaimed running trials {numbers}: their configurations are queued again")
-    total = study.spec.n_trials
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[front]}"), TimeElapsedColumn(), console=err, transient=False) as bar:
-        task = bar.add_task(study.spec.name, total=total, completed=study.finished(ostudy), front="")
+    if study.spec.sampler.name == "grid" and study.spec.n_trials < len(study.keys):
+        err.print(f"grid of {len(study.keys)} configurations, n_trials {study.spec.n_trials}: trains {study.spec.n_trials} "
+                  "spread over the grid (the queue's order interleaves the dimensions); raise n_trials to run the rest",
+                  markup=False, highlight=False)
+    failed: list[int] = []
+    try:
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("{task.fields[front]}"), TimeElapsedColumn(), console=err, transient=False) as bar:
+            task = bar.add_task(study.spec.name, total=study.spec.n_trials, completed=study.finished(ostudy), front="")
 
-        def on_trial(s, t) -> None:
-            bar.update(task, completed=study.finished(s), front=f"front: {len(s.best_trials)} | last: #{t.number} {t.state.name.lower()}")
+            def on_trial(s, t) -> None:
+                if t.state.name == "FAIL" and "fail_reason" in t.user_attrs:  # one line each; reasons stay in `status`
+                    failed.append(t.number)
+                    bar.console.print(f"trial {t.number} ({t.params.get('arch')}) failed: {t.user_attrs['fail_reason']}",
+                                      markup=False, highlight=False)
+                bar.update(task, completed=study.finished(s), front=f"front: {len(s.best_trials)} | last: #{t.number} {t.state.name.lower()}")
 
-        get_executor(study.spec.executor.name).run(study, ostudy, on_trial)
-    _status(study, ostudy)
+            get_executor(study.spec.executor.name).run(study, ostudy, on_trial)
+    except KeyboardInterrupt:
+        err.print(f"interrupted: every finished trial is stored; continue with: explorer resume {path}", markup=False, highlight=False)
+        raise SystemExit(130) from None
+    _status(study, ostudy, failures=False)  # this run's failures were said as they happened
+    if study.stalled(ostudy):
+        err.print(f"stopped: the sampler proposed only measured configurations {MAX_DUPLICATE_RUN} times in a row",
+                  markup=False, highlight=False)
     if dashboard:
         target = _render([path])
         out.print(f"dashboard: {target}")
+    if failed:
+        raise ExplorerError(f"{len(failed)} trials failed in this run (reasons above and in `explorer status`)", source=str(path))
+
+
+def _executor_name(name: str) -> str:
+    """`--executor`, validated like the YAML's `executor.name`."""
+    from explorer.study import ExecutorSpec
+
+    choices = typing.get_args(ExecutorSpec.model_fields["name"].annotation)
+    if name not in choices:
+        raise ExplorerError(f"{name!r} is not an executor; choose {' or '.join(choices)}", field="--executor")
+    return name
+
+
+def _read(path: Path):
+    """A study and its stored trials for a read-only command; a changed YAML is said in one line."""
+    from explorer.study import load_study_spec
+
+    study = load_study_spec(path)
+    ostudy = study.read()
+    changed = study.changed(ostudy)
+    if changed:
+        err.print(f"note: {path}: {changed.replace('rerun with --force', '`explorer run --force`')}; showing the stored trials",
+                  markup=False, highlight=False)
+    return study, ostudy, changed
 
 
 @app.command()
@@ -163,23 +204,23 @@ def resume(
 
 
 # -- status / export ------------------------------------------------------------------------------------------
-def _status(study, ostudy) -> None:
+def _status(study, ostudy, failures: bool = True) -> None:
     from explorer.frame import trials_frame
     from explorer.pareto import objective_values, pareto_mask
 
     frame = trials_frame(ostudy)
     counts = frame["state"].value_counts().to_dict() if len(frame) else {}
+    duplicates = len(trials_frame(ostudy, duplicates=True)) - len(frame)
     out.print(f"[bold]{study.spec.name}[/]: {study.finished(ostudy)}/{study.spec.n_trials} finished; "
-              + ", ".join(f"{k.lower()} {v}" for k, v in sorted(counts.items())))
+              + ", ".join(f"{k.lower()} {v}" for k, v in sorted(counts.items()))
+              + (f"; {duplicates} proposals of measured configurations answered from storage" if duplicates else ""))
     done = frame[frame["state"] == "COMPLETE"]
-    if "duplicate_of" in done:
-        done = done[done["duplicate_of"].isna()]
     if len(done):
         objs = [(o.name, o.direction) for o in study.objectives]
         front = done[pareto_mask(objective_values(done, objs), [d for _, d in objs])]
         cols = [c for c in ("number", *study.space.free_dims, "params", study.task.metric, "kappa_init_mean", "train_time_s") if c in front]
         _print_frame(front.sort_values("params")[cols], Format.table, title="Pareto front")
-    failed = frame[frame["state"] == "FAIL"]
+    failed = frame[frame["state"] == "FAIL"] if failures else frame.iloc[0:0]
     for row in failed.itertuples():
         if isinstance(row.fail_reason, str):
             out.print(f"trial {row.number} ({row.arch}) failed: {row.fail_reason}", markup=False)
@@ -187,11 +228,9 @@ def _status(study, ostudy) -> None:
 
 @app.command()
 def status(study: Annotated[Path, typer.Argument()]) -> None:
-    """Counts of trials by state and the current Pareto front."""
-    from explorer.study import load_study_spec
-
-    s = load_study_spec(study)
-    _status(s, s.open(create=False, force=True))
+    """Counts of trials by state and the current Pareto front (reads the storage, never writes it)."""
+    s, ostudy, _ = _read(study)
+    _status(s, ostudy)
 
 
 class ExportFormat(str, Enum):
@@ -205,12 +244,11 @@ def export(
     format: Annotated[ExportFormat, typer.Option("--format", "-f")] = ExportFormat.csv,
     out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="default: beside the study YAML")] = None,
 ) -> None:
-    """Write the trials table (one row per trial) with pandas."""
+    """Write the trials table (one row per measurement; duplicates answered from storage left out) with pandas."""
     from explorer.frame import trials_frame
-    from explorer.study import load_study_spec
 
-    s = load_study_spec(study)
-    frame = trials_frame(s.open(create=False, force=True))
+    _, ostudy, _ = _read(study)
+    frame = trials_frame(ostudy)
     target = out_path or study.with_suffix(f".{format.value}")
     if format is ExportFormat.csv:
         frame.to_csv(target, index=False)
@@ -229,11 +267,13 @@ def _render(paths: list[Path], target: Path | None = None) -> Path:
 @app.command()
 def dashboard(
     studies: Annotated[list[Path], typer.Argument(help="one or more study YAMLs (several: compared on one front)")],
-    out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="default: dashboards/<name>.html")] = None,
+    out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="default: dashboards/<name>.html beside the studies/ folder, or beside the study YAML")] = None,
     watch: Annotated[bool, typer.Option(help="re-render every few seconds while a study runs")] = False,
     every: Annotated[float, typer.Option(help="seconds between renders with --watch")] = 5.0,
 ) -> None:
-    """Write one self-contained HTML dashboard (plotly, opens offline)."""
+    """Write one self-contained HTML dashboard (plotly, opens offline); reads the storages, never writes them."""
+    for path in studies:
+        _read(path)  # says if a YAML changed since its study was made
     target = _render(studies, out_path)
     out.print(f"dashboard: {target}")
     while watch:
@@ -253,18 +293,19 @@ def recommend(
     from explorer.recommend import recommend as best
     from explorer.study import load_study_spec
 
-    s = load_study_spec(study)
-    base = s.space.baseline
-    limit = parse_budget(budget, base.params if base else None)
-    ostudy = s.open(create=False, force=True)
+    base = load_study_spec(study).space.baseline
+    limit = parse_budget(budget, base.params if base else None)  # a bad budget is said before the storage is opened
+    s, ostudy, changed = _read(study)
     rec = best(trials_frame(ostudy), limit, base.key if base else None, s.task.metric,
                [(c.key, c.dims, c.params) for c in s.space.configs()], s.task.higher_is_better)
     for line in rec.lines():
         out.print(line, markup=False)
     if verify:
-        for key in rec.verify:
-            ostudy.enqueue_trial({"arch": key}, skip_if_exists=True)
-        out.print(f"queued {len(rec.verify)} configurations; run them with: explorer resume {study}", markup=False)
+        if changed:
+            raise ExplorerError(f"not queued: {changed.removesuffix('; rerun with --force to continue it anyway')}", source=str(study))
+        queued = s.queue_verification(ostudy, list(rec.verify))
+        out.print(f"queued {len(queued)} unmeasured configurations ({'; '.join(queued) or 'none'}); "
+                  f"run them with: explorer resume {study}", markup=False)
 
 
 @app.command()
@@ -298,7 +339,7 @@ def main() -> None:
 
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar and tables say it
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # the progress bar, one line per failed trial and the tables say it
     warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeats, since Optuna 2.8
     try:
         app(standalone_mode=False)

@@ -33,8 +33,12 @@ def _scalar(value: Any) -> bool:
     )
 
 
-def trials_frame(study: optuna.Study) -> pd.DataFrame:
+def trials_frame(study: optuna.Study, duplicates: bool = False) -> pd.DataFrame:
     """One row per trial; the metric column is named by the study's `metric` user attr.
+
+    Trials a sampler proposed again and explorer answered from storage (`duplicate_of`) are left out
+    unless `duplicates`: they are no new measurement, and every consumer (status, export, fronts,
+    recommendations, dashboards) counts distinct measurements.
 
     `curve` is the per-epoch metric: the trial's intermediate values by step, else its `curve`
     user attr (a study without a pruner may store only that).
@@ -47,6 +51,8 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     rows = []
     for trial in study.get_trials(deepcopy=False):
         attrs = trial.user_attrs
+        if "duplicate_of" in attrs and not duplicates:
+            continue
         row: dict[str, Any] = {name: attrs.get(name) for name in head}
         row.update(
             number=trial.number,
