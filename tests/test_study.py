@@ -113,7 +113,13 @@ def test_sigkill_mid_trial_then_resume_loses_nothing(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
     assert running is not None, "the run finished before it could be killed"
-    time.sleep(3.5)  # past the heartbeat grace period (3 x heartbeat_s): the trial is stale
+    study = load_study_spec(path)
+    waiting = study.open(create=False)
+    deadline = time.monotonic() + 60
+    while waiting.trials[running.number].state != optuna.trial.TrialState.FAIL:  # stale after the grace period: failed, retried
+        assert time.monotonic() < deadline
+        study.waiting(waiting)
+        time.sleep(0.1)
     ostudy = run(path, create=False)
 
     trials = ostudy.trials
