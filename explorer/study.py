@@ -6,11 +6,8 @@ learning curve live there, so a study resumes, exports and renders from it at an
 
 from __future__ import annotations
 
-import contextlib
-import json
 import random
 import re
-import shutil
 import time
 import warnings
 from collections.abc import Callable
@@ -25,6 +22,7 @@ import sqlalchemy
 import sqlalchemy.exc
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from explorer import checkpoints
 from explorer.conditioning import geometric_mean
 from explorer.errors import ExplorerError, TrialFailed
 from explorer.pruning import BinnedPruner, Peer, bin_edges
@@ -38,7 +36,6 @@ from explorer.yamlio import load_model
 OBJECTIVE_NAMES = ("params", "flops", "train_time_s")  # besides the task's metrics
 MAX_WORKER_DEATHS = 5  # a grid configuration whose trial died with its worker this often is not queued again
 MAX_DUPLICATE_RUN = 200  # the sampler proposed only measured configurations this often in a row: the study stops
-OWNER = "owner.json"  # in a checkpoint folder: the trial lineage, configuration and budget it belongs to
 # what a failing storage raises: SQLAlchemy (RDB), Optuna's wrapper of it, OS errors (journal file)
 STORAGE_ERRORS = (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, OSError)
 _OBJECTIVE = re.compile(r"^(maximize|minimize)\s+(\w+)$")
@@ -444,19 +441,10 @@ class Study:
         return self.configs[trial.suggest_categorical("arch", self.keys)]
 
     def checkpoint_dir(self, cfg: Config, lineage: int) -> Path:
-        """Where the trial `lineage` (see `lineage`) keeps its checkpoint: one folder per trial, not per configuration."""
-        safe = re.sub(r"[^A-Za-z0-9._-]+", "_", cfg.key)
-        return self.checkpoint_root / f"trial-{lineage}-{safe}"
+        """Where the trial `lineage` (and its retries) keeps its checkpoint (explorer.checkpoints)."""
+        return checkpoints.folder(self.checkpoint_root, cfg.key, lineage)
 
-    @staticmethod
-    def lineage(trial: optuna.trial.FrozenTrial) -> int:
-        """The number of the first trial of a chain of retries: a retry resumes that trial's checkpoint.
-
-        explorer's retries (Ctrl-C, `--reclaim`, a stopped Ray driver) record it as `retry_of`; Optuna's
-        heartbeat retry (`RetryHeartbeatStaleTrialCallback`) as the system attr `failed_trial`, and it
-        copies the user attrs, so `retry_of` is looked at first.
-        """
-        return int(trial.user_attrs.get("retry_of", trial.system_attrs.get("failed_trial", trial.number)))
+    lineage = staticmethod(checkpoints.lineage)
 
     def requeue(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         """Queue a trial that did not finish (interrupted, reclaimed) again: its retry resumes its checkpoint."""
@@ -490,7 +478,8 @@ class Study:
         (the task's data is bad) is the study's, not the trial's, and stops it; pruning and interrupts
         pass through.
         """
-        ckpt = self._own_checkpoint(cfg, lineage)
+        owner = {"study": self.spec.name, "trial": lineage, "config": cfg.key, "budget": self.spec.budget.model_dump(mode="json")}
+        ckpt = checkpoints.claim(self.checkpoint_dir(cfg, lineage), owner)  # another run's checkpoint is not resumed
         start = time.perf_counter()
         try:
             with time_limit(self.spec.trial_timeout_s):
@@ -499,31 +488,13 @@ class Study:
         except KeyboardInterrupt:  # kept: the resumed trial continues from its checkpoint
             raise
         except (optuna.TrialPruned, TrialFailed, ExplorerError):
-            _remove_checkpoint(ckpt)
+            checkpoints.remove(ckpt)
             raise
         except Exception as err:
-            _remove_checkpoint(ckpt)
+            checkpoints.remove(ckpt)
             raise TrialFailed(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
-        _remove_checkpoint(ckpt)
+        checkpoints.remove(ckpt)
         return {**self.attrs(cfg, result), "curve": result.curve, "trial_time_s": time.perf_counter() - start}
-
-    def _own_checkpoint(self, cfg: Config, lineage: int) -> Path:
-        """The trial's checkpoint folder, emptied unless it holds this trial's run under this budget.
-
-        Its `owner.json` records what it belongs to: a checkpoint of another study, configuration or
-        budget (e.g. after `--force` with new epochs) is not resumed.
-        """
-        folder = self.checkpoint_dir(cfg, lineage)
-        owner = {"study": self.spec.name, "trial": lineage, "config": cfg.key, "budget": self.spec.budget.model_dump(mode="json")}
-        try:
-            recorded = json.loads((folder / OWNER).read_text())
-        except (OSError, ValueError):
-            recorded = None
-        if recorded != owner:
-            shutil.rmtree(folder, ignore_errors=True)
-            folder.mkdir(parents=True)
-            (folder / OWNER).write_text(json.dumps(owner))
-        return folder
 
     def answer_from_storage(self, study: optuna.Study, trial: optuna.Trial, cfg: Config) -> list[float] | None:
         """The values of an earlier measurement of `cfg` (same seed), recording `trial` as its duplicate; else None.
@@ -653,13 +624,6 @@ def spread_order(points: list[list[float]], exact_up_to: int = 4096) -> list[int
         nearest = np.minimum(nearest, np.linalg.norm(x - x[nxt], axis=1))
         nearest[nxt] = -np.inf
     return order
-
-
-def _remove_checkpoint(folder: Path) -> None:
-    """A finished trial's checkpoint is spent; the study's checkpoint root goes too once it is empty."""
-    shutil.rmtree(folder, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        folder.parent.rmdir()
 
 
 def _shown(url: str) -> str:
