@@ -125,7 +125,7 @@ def _run(path: Path, *, create: bool, force: bool, executor: str | None, address
             err.print(f"reclaimed running trials {numbers}: their configurations are queued again")
     if study.spec.sampler.name == "grid" and study.spec.n_trials < len(study.keys):
         err.print(f"grid of {len(study.keys)} configurations, n_trials {study.spec.n_trials}: trains {study.spec.n_trials} "
-                  "spread over the grid (the queue's order interleaves the dimensions); raise n_trials to run the rest",
+                  "spread over the grid (its queue is in farthest-point order); raise n_trials to run the rest",
                   markup=False, highlight=False)
     failed: list[int] = []
     try:

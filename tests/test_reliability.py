@@ -154,7 +154,8 @@ def hold_lock(db: Path, seconds: float, kind: str = "EXCLUSIVE") -> subprocess.P
 
 
 def stored(ostudy: optuna.Study) -> dict[int, tuple]:
-    return {t.number: (t.params["arch"], tuple(t.values), t.user_attrs["accuracy"]) for t in ostudy.get_trials(states=(COMPLETE,))}
+    """Every completed trial: its configuration and values, and the accuracy a measurement recorded."""
+    return {t.number: (t.params["arch"], tuple(t.values), t.user_attrs.get("accuracy")) for t in ostudy.get_trials(states=(COMPLETE,))}
 
 
 def wait_for_completed(path: Path, at_least: int, timeout: float = 120) -> None:
@@ -286,7 +287,8 @@ def test_a_corrupted_journal_is_one_clear_error(tmp_path: Path) -> None:
 def test_sigkill_during_storage_writes_keeps_every_finished_trial(tmp_path: Path) -> None:
     """Kill a worker at random moments while it tells trials (a dozen writes each); after every kill the
     storage opens and holds each trial that was complete before it, unchanged."""
-    path = write_study(tmp_path, space_doc=WIDE_SPACE, budget=QUICK, sampler={"name": "random", "seed": 0}, n_trials=40)
+    deep = {**TINY_SPACE, "free": {"layers": list(range(1, 11)), "heads": "divisors"}}  # 30 configurations to measure
+    path = write_study(tmp_path, space_doc=deep, budget=QUICK, sampler={"name": "random", "seed": 0}, n_trials=30)
     rng = random.Random(7)
     seen: dict[int, tuple] = {}
     for _ in range(4):
