@@ -600,7 +600,7 @@ class Study:
         return to_n + verify
 
 
-def spread_order(points: list[list[float]], exact_up_to: int = 4096) -> list[int]:
+def spread_order(points: list[list[Any]], exact_up_to: int = 4096) -> list[int]:
     """Indices of `points` ordered so that every prefix spreads over them: greedy farthest-point
     (maximin) on each dimension's value rank scaled to [0, 1], starting at the first point.
 
@@ -611,10 +611,9 @@ def spread_order(points: list[list[float]], exact_up_to: int = 4096) -> list[int
         order = list(range(n))
         random.Random(0).shuffle(order)
         return order
-    x = np.array([[float(v) for v in p] for p in points]).reshape(n, -1)
-    for j in range(x.shape[1]):
-        values = np.unique(x[:, j])
-        x[:, j] = np.searchsorted(values, x[:, j]) / max(len(values) - 1, 1)
+    columns = list(zip(*points))
+    ranks = [{v: i / max(len(set(col)) - 1, 1) for i, v in enumerate(sorted(set(col)))} for col in columns]
+    x = np.array([[rank[v] for rank, v in zip(ranks, p, strict=True)] for p in points], dtype=float).reshape(n, len(columns))
     order = [0]
     nearest = np.linalg.norm(x - x[0], axis=1)
     nearest[0] = -np.inf  # taken
