@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 import pytest
+import timm
 import torch
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from explorer.families import family_names, get_family
+from explorer.families import _disk_cache, family_names, get_family, timm_adapters
 
 OWN = ["image-encoder", "sequence-classifier", "causal-lm", "crammed-bert"]
 TIMM = ["timm-vit", "timm-deit", "timm-xcit", "timm-tnt", "timm-davit"]
@@ -215,6 +217,30 @@ def test_timm_meta_count_equals_real_build(family: str) -> None:
 )
 def test_timm_named_counts(family: str, dims: dict, millions: float) -> None:
     assert abs(get_family(family).params(dims) / 1e6 - millions) < 0.07
+
+
+def test_timm_counts_are_cached_on_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counted once, a timm count is read back by a later process without building; a corrupt file is rewritten."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    fam, dims = get_family("timm-vit"), {**SMALL_TIMM["timm-vit"], "num_classes": 5}
+    params, flops = fam.params(dims), fam.flops(dims)
+    path = _disk_cache.cache_file()
+    assert path.parent == tmp_path / "explorer" and timm.__version__ in path.name
+    assert sorted(json.loads(path.read_text()).values()) == sorted([params, flops])
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("built a model although its count is on disk")
+
+    monkeypatch.setattr(timm_adapters, "_COUNTS", _disk_cache.DiskCounts())  # a new process: empty memory
+    monkeypatch.setattr(timm_adapters.timm, "create_model", no_build)
+    assert (fam.params(dims), fam.flops(dims)) == (params, flops)
+
+    monkeypatch.undo()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(timm_adapters, "_COUNTS", _disk_cache.DiskCounts())
+    path.write_text('{"params vit_small_patch16_224": ')  # a write cut short
+    assert fam.params(dims) == params
+    assert list(json.loads(path.read_text()).values()) == [params]
 
 
 def test_timm_flops_match_published_macs() -> None:

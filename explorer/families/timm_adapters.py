@@ -2,8 +2,9 @@
 
 Each maps explorer's dimensions onto `timm.create_model(model, pretrained=False, **kwargs)`; anything
 left unset (None) keeps the named model's own value. Counting builds the model on the `meta` device
-(no memory, no weights) and caches the result per configuration: a closed form for five timm
-architectures would duplicate timm's internals and drift from them. FLOPs are counted the same way,
+(no memory, no weights) and caches the result per configuration on disk (`_disk_cache`: a space's
+counts cost seconds of building the first time only): a closed form for five timm architectures
+would duplicate timm's internals and drift from them. FLOPs are counted the same way,
 by torch's FlopCounterMode over a meta-device forward of one image (matmuls, convolutions and
 attention, 2 per multiply-add), so they are exact for the built model rather than an estimate.
 """
@@ -11,6 +12,7 @@ attention, 2 per multiply-add), so they are exact for the built model rather tha
 from __future__ import annotations
 
 import functools
+import json
 from typing import Any, ClassVar
 
 import timm
@@ -20,9 +22,11 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from explorer.families import Dims, Family, register
+from explorer.families._disk_cache import DiskCounts
 from explorer.families._transformer import check_heads
 
 Kwargs = tuple[tuple[str, Any], ...]
+_COUNTS = DiskCounts()  # parameter counts, FLOPs and default widths, by model and kwargs
 
 
 class TimmDims(BaseModel):
@@ -53,8 +57,12 @@ class TimmDims(BaseModel):
         """`width`, or the named model's embed dim (DaViT: its first stage's)."""
         if self.width is not None:
             return self.width
-        net = _meta_default(self.model)
-        return net.embed_dim if hasattr(net, "embed_dim") else net.stem.conv.out_channels
+
+        def default_width() -> int:
+            net = _meta_default(self.model)
+            return net.embed_dim if hasattr(net, "embed_dim") else net.stem.conv.out_channels
+
+        return _COUNTS.get(f"width {self.model}", default_width)
 
 
 class PatchDims(TimmDims):
@@ -104,21 +112,25 @@ def _meta_default(model: str) -> nn.Module:
         return timm.create_model(model, pretrained=False)
 
 
-@functools.lru_cache(maxsize=4096)
 def _meta_params(model: str, kwargs: Kwargs) -> int:
-    with torch.device("meta"):
-        net = timm.create_model(model, pretrained=False, **dict(kwargs))
-    return sum(p.numel() for p in net.parameters())
+    def count() -> int:
+        with torch.device("meta"):
+            net = timm.create_model(model, pretrained=False, **dict(kwargs))
+        return sum(p.numel() for p in net.parameters())
+
+    return _COUNTS.get(f"params {model} {json.dumps(kwargs)}", count)
 
 
-@functools.lru_cache(maxsize=4096)
 def _meta_flops(model: str, kwargs: Kwargs, in_chans: int, img_size: int) -> int:
-    with torch.device("meta"):
-        net = timm.create_model(model, pretrained=False, **dict(kwargs))
-    counter = FlopCounterMode(display=False)
-    with counter, torch.no_grad():
-        net(torch.empty(1, in_chans, img_size, img_size, device="meta"))
-    return int(counter.get_total_flops())
+    def count() -> int:
+        with torch.device("meta"):
+            net = timm.create_model(model, pretrained=False, **dict(kwargs))
+        counter = FlopCounterMode(display=False)
+        with counter, torch.no_grad():
+            net(torch.empty(1, in_chans, img_size, img_size, device="meta"))
+        return int(counter.get_total_flops())
+
+    return _COUNTS.get(f"flops {model} {json.dumps(kwargs)} {in_chans} {img_size}", count)
 
 
 class TimmFamily(Family):
