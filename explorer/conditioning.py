@@ -21,9 +21,9 @@ What it measures, and what it does not. The theorem compares A with a Gaussian N
 κ ≈ (√D + √N) / (√D - √N) depends on D and N only: at fixed width D it predicts κ independent of
 the number of heads, and a fall with heads only at fixed head dimension (D = heads x head_dim).
 explorer measures a steep fall with heads at fixed width at initialisation (digits, width 64, 17
-tokens: about 1e7 at 1 head to 1e3 at 8). That fall has another cause: attention at initialisation
-is close to uniform, so each head's output A_i X W_Vi is close to rank one (every row near the mean
-of the values) and A's rank is near the number of heads. So every κ carries its regime
+tokens: 6.8e7 at 1 head to 4.2e4 at 8, where the Gaussian value is 3.1 throughout). That fall has
+another cause: attention at initialisation is close to uniform, so each head's output A_i X W_Vi is
+close to rank one (every row near the mean of the values). So every κ carries its regime
 ("fixed-width" or "fixed-head-dim", `space_regime`), and `condition_table` sweeps both.
 
 Which blocks. Each block is labelled with its attention kind: "token" (attention over tokens:

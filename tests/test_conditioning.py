@@ -186,7 +186,7 @@ def test_timm_blocks_are_labelled_with_what_they_attend_over(family: str):
     assert summary(blocks) == geometric_mean(token)  # None for XCiT: it has no token attention
 
 
-def test_trial_attrs_keep_every_block_with_its_kind_and_the_regime():
+def test_kappa_attrs_keep_every_block_with_its_kind_and_the_regime():
     init = [dict(name="a", kind="inner", kappa=1e9), dict(name="b", kind="token", kappa=10.0), dict(name="c", kind="token", kappa=None)]
     final = [dict(init[0], kappa=1e8), dict(init[1], kappa=1000.0), dict(init[2], kappa=math.inf)]
     attrs = kappa_attrs(init, final, "fixed-width")
