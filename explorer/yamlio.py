@@ -77,7 +77,7 @@ def first_error(err: ValidationError, model: type[BaseModel] | None = None) -> t
 
 
 def clean_message(msg: str) -> str:
-    """pydantic's message without its "Value error, " prefix."""
+    """pydantic's message without the "Value error, " or "Assertion failed, " its validators' errors get."""
     return msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
 
 
