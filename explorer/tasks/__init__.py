@@ -103,7 +103,7 @@ def get_task(name: str, options: dict[str, Any] | None = None, source: str | Non
     try:
         opts = task_cls.Options.model_validate(dict(options or {}))
     except ValidationError as err:
-        raise validation_error(err, source or "", prefix="task") from None
+        raise validation_error(err, source or "", prefix="task", model=task_cls.Options) from None
     return task_cls(opts, source=source)
 
 
