@@ -79,7 +79,9 @@ def test_closed_form_counts_and_flops_equal_the_built_model(family: str, data: s
     counter = FlopCounterMode(display=False)
     with counter, torch.no_grad():
         model(ids(dims))
-    assert fam.flops(dims) == counter.get_total_flops() > 0
+    # transformers < 5 computes Llama's rotary angles (head_dim/2 x seq_len) as a matmul, 5 does not
+    rotary = dims["width"] // dims["heads"] * dims["seq_len"] if family == "hf-llama" else 0
+    assert counter.get_total_flops() - fam.flops(dims) in {0, rotary} and fam.flops(dims) > 0
     assert len(attention_modules(model)) == dims["layers"]
 
 

@@ -226,7 +226,7 @@ class LlamaFamily(HFFamily):
     vocab*width; per layer q and o width^2, k and v width*kv_heads*head_dim each, SwiGLU
     3*width*mlp, two RMSNorms (2 width); the final RMSNorm; the LM head only when untied. Rotary
     positions have no parameters. FLOPs: the matmuls on seq_len tokens (full attention square) and
-    the head."""
+    the head; not the rotary angle table (head_dim * seq_len, a matmul before transformers 5)."""
 
     name = "hf-llama"
     modality = "lm"
