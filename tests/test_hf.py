@@ -205,3 +205,25 @@ def test_shipped_study_runs_two_trials_through_storage(name: str, tmp_path: Path
         cfg = study.configs[trial.params["arch"]]
         assert trial.user_attrs["params"] == cfg.params and trial.user_attrs["steps"] == 3
         assert len(trial.user_attrs["kappa_init"]) == cfg["layers"] and math.isfinite(trial.values[0])
+
+
+class Interrupt(Exception):
+    pass
+
+
+def test_tied_gpt2_resumes_from_its_checkpoint_as_if_never_stopped(tmp_path: Path) -> None:
+    """The tied head is one tensor under two state-dict names: a resumed run keeps it tied and exact."""
+    task = get_task("text-file", {"path": tiny_stories(tmp_path / "t.txt", sentences=60), "seq_len": 12})
+    dims = {**SMALL["hf-gpt2"], **task.dims()}
+    budget = Budget(epochs=3, batch_size=32, lr=3e-3, seed=0)
+    whole = run_trial("hf-gpt2", dims, task, budget, device="cpu")
+
+    def die_after_epoch_0(epoch: int, metrics: dict[str, float]) -> None:
+        raise Interrupt
+
+    with pytest.raises(Interrupt):
+        run_trial("hf-gpt2", dims, task, budget, die_after_epoch_0, checkpoint_dir=tmp_path / "ckpt", device="cpu")
+    epochs: list[int] = []
+    resumed = run_trial("hf-gpt2", dims, task, budget, lambda e, m: epochs.append(e), checkpoint_dir=tmp_path / "ckpt", device="cpu")
+    assert epochs == [1, 2] and whole.steps > 3
+    assert resumed.steps == whole.steps and resumed.curve == whole.curve and resumed.kappa_final == whole.kappa_final
