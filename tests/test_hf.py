@@ -162,16 +162,26 @@ def tiny_stories(path: Path, sentences: int = 400) -> Path:
     return path
 
 
+def reviews(path: Path, rows: int = 256) -> Path:
+    """A TSV for text classification: the label says whether the line ends 'good' or 'bad'."""
+    rng = random.Random(0)
+    lines = [f"{rng.choice(['the', 'a'])} {rng.choice(['film', 'plot', 'song'])} was {w}\t{w}"
+             for w in rng.choices(["good", "bad"], k=rows)]
+    path.write_text("text\tlabel\n" + "\n".join(lines) + "\n")
+    return path
+
+
 TASKS = {
-    "hf-gpt2": lambda tmp: get_task("text-file", {"path": tiny_stories(tmp / "t.txt"), "seq_len": 12}),
-    "hf-llama": lambda tmp: get_task("text-file", {"path": tiny_stories(tmp / "t.txt"), "seq_len": 12}),
-    "hf-bert": lambda tmp: get_task("listops", {"n_train": 256, "n_eval": 64, "max_length": 12, "min_length": 2, "max_depth": 2}),
+    "text-file": lambda tmp: get_task("text-file", {"path": tiny_stories(tmp / "t.txt"), "seq_len": 12}),
+    "listops": lambda tmp: get_task("listops", {"n_train": 256, "n_eval": 64, "max_length": 12, "min_length": 2, "max_depth": 2}),
+    "text-classification": lambda tmp: get_task("text-classification", {"path": reviews(tmp / "r.tsv"), "seq_len": 12}),
 }
 
 
-@pytest.mark.parametrize("family", HF)
-def test_each_family_trains_on_its_task(family: str, tmp_path: Path) -> None:
-    task = TASKS[family](tmp_path)
+@pytest.mark.parametrize(("family", "task_name"), [("hf-gpt2", "text-file"), ("hf-llama", "text-file"), ("hf-bert", "listops"),
+                                                   ("hf-bert", "text-classification")])
+def test_each_family_trains_on_its_task(family: str, task_name: str, tmp_path: Path) -> None:
+    task = TASKS[task_name](tmp_path)
     dims = {**SMALL[family], **task.dims()}
     reports: list[dict[str, float]] = []
     budget = Budget(epochs=3, batch_size=32, lr=3e-3, warmup_frac=0.0, seed=0)
