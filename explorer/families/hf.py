@@ -135,11 +135,11 @@ def _common(d: HFDims) -> dict[str, Any]:
     return {"vocab_size": d.vocab, "use_cache": False, "attn_implementation": d.attn}
 
 
-def _decoder_flops(d: HFDims, qkv_out: int) -> int:
-    """Layers of attention (q/k/v with `qkv_out` outputs, o) and a two- or three-matrix MLP, plus the LM head."""
+def _decoder_flops(d: HFDims, qkv_out: int, mlp_matrices: int) -> int:
+    """Layers of attention (q/k/v with `qkv_out` outputs, then o) and an MLP of `mlp_matrices`
+    width x mlp matrices on seq_len tokens, the full attention square, and the LM head."""
     t, w = d.seq_len, d.width
-    mlp = (3 if isinstance(d, LlamaDims) else 2) * w * d.mlp
-    per_layer = 2 * t * (w * qkv_out + w * w + mlp) + 4 * t * t * w
+    per_layer = 2 * t * (w * qkv_out + w * w + mlp_matrices * w * d.mlp) + 4 * t * t * w
     return d.layers * per_layer + 2 * t * w * d.vocab
 
 
@@ -164,7 +164,7 @@ class GPT2Family(HFFamily):
 
     def flops(self, dims: Dims) -> int:
         d = self.check(dims)
-        return _decoder_flops(d, 3 * d.width)
+        return _decoder_flops(d, 3 * d.width, mlp_matrices=2)
 
     def _build(self, d: GPT2Dims) -> nn.Module:
         from transformers import GPT2Config, GPT2LMHeadModel
@@ -240,7 +240,7 @@ class LlamaFamily(HFFamily):
 
     def flops(self, dims: Dims) -> int:
         d = self.check(dims)
-        return _decoder_flops(d, d.width + 2 * d.kv * (d.width // d.heads))
+        return _decoder_flops(d, d.width + 2 * d.kv * (d.width // d.heads), mlp_matrices=3)  # SwiGLU: gate, up, down
 
     def _build(self, d: LlamaDims) -> nn.Module:
         from transformers import LlamaConfig, LlamaForCausalLM
