@@ -86,6 +86,7 @@ def test_run_rejects_an_unknown_executor(tmp_path: Path) -> None:
         exp.run(executor="rya")
 
 
+@pytest.mark.slow  # a fresh interpreter imports torch again
 def test_python_dash_m_explorer_is_the_command() -> None:
     result = subprocess.run([sys.executable, "-m", "explorer", "params", "--family", "crammed-bert", "--layers", "10",
                              "--heads", "24", "-f", "csv"], capture_output=True, text=True, cwd=ROOT,

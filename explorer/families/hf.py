@@ -118,7 +118,7 @@ class Adapter(nn.Module):
 
 
 class HFFamily(Family):
-    """Shared by the three: the optional package, and a build that pins the attention backend."""
+    """Shared by the three: the optional package they need, and `build` = validate the dims, then `_build`."""
 
     requires = REQUIRES
     counting = "closed-form"
