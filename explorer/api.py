@@ -99,8 +99,10 @@ class Experiment:
     def front(self) -> pd.DataFrame:
         """The Pareto front of the measured trials on the study's objectives, by parameters."""
         done = self.measured()
+        if done.empty:
+            return done
         objectives = [(o.name, o.direction) for o in self.study.objectives]
-        mask = pareto_mask(objective_values(done, objectives), [d for _, d in objectives]) if len(done) else []
+        mask = pareto_mask(objective_values(done, objectives), [d for _, d in objectives])
         return done[mask].sort_values("params", ignore_index=True)
 
     def stats(self) -> pd.DataFrame:

@@ -93,3 +93,11 @@ def test_python_dash_m_explorer_is_the_command() -> None:
                             env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr
     assert pd.read_csv(io.StringIO(result.stdout))["params"].tolist() == [84_265_728]
+
+
+def test_a_study_whose_trials_all_failed_has_an_empty_front_and_no_stats(tmp_path: Path) -> None:
+    exp = explorer.create(tmp_path, "nan", space=ROOT / "spaces/vit-digits.yaml", task={"name": "digits"},
+                          budget={"epochs": 1, "max_steps": 2, "lr": 1e6}, sampler={"name": "random"}, n_trials=1)
+    exp.run()
+    assert exp.trials()["state"].tolist() == ["FAIL"]
+    assert exp.front().empty and exp.stats().empty

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 pytest.importorskip("transformers", reason="the hf extra is not installed (pip install -e '.[hf]')")
 
 from explorer.cli import app  # noqa: E402
-from explorer.conditioning import attention_condition, attention_modules  # noqa: E402
+from explorer.conditioning import attention_condition, attention_modules, condition_number  # noqa: E402
 from explorer.executors.local import LocalExecutor  # noqa: E402
 from explorer.families import get_family  # noqa: E402
 from explorer.space import load_space  # noqa: E402
@@ -237,3 +237,33 @@ def test_tied_gpt2_resumes_from_its_checkpoint_as_if_never_stopped(tmp_path: Pat
     resumed = run_trial("hf-gpt2", dims, task, budget, lambda e, m: epochs.append(e), checkpoint_dir=tmp_path / "ckpt", device="cpu")
     assert epochs == [1, 2] and whole.steps > 3
     assert resumed.steps == whole.steps and resumed.curve == whole.curve and resumed.kappa_final == whole.kappa_final
+
+
+def heads_output(family: str, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The first block's concatenated head outputs, recovered without the κ hook: BERT's self-attention
+    returns them; GPT-2's and Llama's attention return them projected, so the projection is inverted."""
+    net, outputs = model.net, []
+    module = {"hf-gpt2": lambda: net.transformer.h[0].attn, "hf-bert": lambda: net.bert.encoder.layer[0].attention.self,
+              "hf-llama": lambda: net.model.layers[0].self_attn}[family]()
+    handle = module.register_forward_hook(lambda m, i, out: outputs.append(out[0] if isinstance(out, tuple) else out))
+    with torch.no_grad():
+        model(x)
+    handle.remove()
+    if family == "hf-gpt2":  # Conv1D: out = a @ W + b
+        return (outputs[0] - module.c_proj.bias) @ torch.linalg.pinv(module.c_proj.weight)
+    if family == "hf-llama":  # Linear without bias: out = a @ W.T
+        return outputs[0] @ torch.linalg.pinv(module.o_proj.weight).T
+    return outputs[0]
+
+
+@pytest.mark.parametrize("family", HF)
+def test_kappa_reads_the_concatenated_heads_of_every_block_and_leaves_the_model_as_it_was(family: str) -> None:
+    torch.manual_seed(0)
+    model = get_family(family).build({**SMALL[family], "attn": "eager"}).double().train()
+    x = ids(SMALL[family], batch=8)
+    kappas = attention_condition(model, x)
+    assert len(kappas) == SMALL[family]["layers"] and model.training
+    assert all(not m.proj._forward_pre_hooks for _, m in attention_modules(model))
+    assert "proj" not in dict(model.named_modules()) and not any(".proj." in k for k in model.state_dict())  # an alias only
+    model.eval()
+    assert kappas[0] == pytest.approx(condition_number(heads_output(family, model, x)), rel=1e-6)
