@@ -71,12 +71,12 @@ class BlockKappa(TypedDict):
 
 
 def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """`(name, module)` of each attention module with a `proj` Linear, in the model's order."""
+    """`(name, module)` of each attention module with a `proj` projection, in the model's order."""
     return [
         (name, module)
         for name, module in model.named_modules()
         if ("Attention" in type(module).__name__ or type(module).__name__ in _OTHER_ATTENTION_CLASSES)
-        and isinstance(getattr(module, "proj", None), nn.Linear)
+        and isinstance(getattr(module, "proj", None), nn.Module)  # a Linear, or GPT-2's Conv1D
     ]
 
 

@@ -11,13 +11,14 @@ attention, 2 per multiply-add), so they are exact for the built model rather tha
 
 from __future__ import annotations
 
+import difflib
 import functools
 import json
 from typing import Any, ClassVar
 
 import timm
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -46,10 +47,25 @@ class TimmDims(BaseModel):
 
     prefix: ClassVar[str]
 
+    @field_validator("model")
+    @classmethod
+    def _known(cls, model: str) -> str:
+        """A model of this family, or one line saying what is wrong: another family's model, or a typo."""
+        if model.startswith(cls.prefix) and timm.is_model(model):
+            return model
+        example = cls.model_fields["model"].default
+        if timm.is_model(model):
+            families = TimmFamily.__subclasses__()
+            other = next((f.name for f in families if model.startswith(f.Dims.prefix)), None)
+            fix = f"set family: {other}" if other else "explorer's timm families: " + ", ".join(f"{f.name} ({f.Dims.prefix}*)" for f in families)
+            raise ValueError(f"model {model!r} is not a {cls.prefix}* model, the ones whose depth and heads this "
+                             f"family varies (e.g. {example}); {fix}")
+        close = difflib.get_close_matches(model, timm.list_models(f"{cls.prefix}*"), n=3)
+        hint = f"did you mean {', '.join(close)}?" if close else f"see timm.list_models('{cls.prefix}*'), e.g. {example}"
+        raise ValueError(f"model {model!r} is not a timm model; {hint}")
+
     @model_validator(mode="after")
     def _fits(self) -> "TimmDims":
-        if not (self.model.startswith(self.prefix) and timm.is_model(self.model)):
-            raise ValueError(f"model {self.model!r} is not a timm {self.prefix}* model")
         check_heads(self.resolved_width(), self.heads)
         return self
 
