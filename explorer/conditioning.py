@@ -7,7 +7,8 @@ WindowAttention, TNT's Attention) it is exactly the input of the attention modul
 so a forward pre-hook on `proj` captures it, shape (..., N, D). Leading dimensions index independent
 matrices: one per sample, or per sample and window (DaViT's WindowAttention), or per sample and
 patch (TNT's inner attention). Rows of padding tokens are left out: an attention module that takes
-a `key_mask` (B, N), True for real tokens (explorer's sequence families do), gives the rows to keep.
+a `key_mask` (B, N) bool, True for real tokens (explorer's sequence families do), gives the rows to
+keep. transformers' modules take an additive mask instead, so hf-bert's padding rows are still in A.
 
 Which k. k = min(N, D), the number of singular values A has: σ_N where N <= D (the theorem's
 setting, D >> N), the full-rank condition number where N > D (long LM contexts). κ = inf when A is
@@ -114,8 +115,11 @@ def condition_number(a: torch.Tensor, rows: torch.Tensor | None = None) -> float
 
 
 def _key_mask(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """explorer's `key_mask`: (B, N) bool, True for real tokens. Other masks (transformers' additive
+    4-D ones) are not read: their padding rows stay in A."""
     mask = kwargs.get("key_mask", args[1] if len(args) > 1 else None)
-    return mask if isinstance(mask, torch.Tensor) else None
+    ok = isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.ndim == 2
+    return mask if ok else None
 
 
 @torch.no_grad()

@@ -126,7 +126,8 @@ def test_kappa_is_the_same_with_eager_and_sdpa_attention(family: str) -> None:
     kappas = {}
     for attn in ("eager", "sdpa"):
         torch.manual_seed(0)
-        kappas[attn] = attention_condition(get_family(family).build({**SMALL[family], "attn": attn}), x)
+        blocks = attention_condition(get_family(family).build({**SMALL[family], "attn": attn}), x)
+        kappas[attn] = [b["kappa"] for b in blocks]
     assert len(kappas["sdpa"]) == SMALL[family]["layers"]
     assert all(math.isfinite(k) and k >= 1 for k in kappas["sdpa"])
     assert kappas["eager"] == pytest.approx(kappas["sdpa"], rel=1e-3)
@@ -189,8 +190,8 @@ def test_each_family_trains_on_its_task(family: str, task_name: str, tmp_path: P
     losses = [m["train_loss"] for m in reports]
     assert losses[-1] < losses[0] and reports[-1]["eval_loss"] < reports[0]["eval_loss"]
     assert result.params == get_family(family).params(dims)
-    for kappas in (result.kappa_init, result.kappa_final):
-        assert len(kappas) == dims["layers"] and all(k >= 1 for k in kappas)
+    for blocks in (result.kappa_init, result.kappa_final):
+        assert len(blocks) == dims["layers"] and all(b["kappa"] >= 1 for b in blocks)
 
 
 def shipped_study(name: str, tmp_path: Path) -> Path:
@@ -261,7 +262,7 @@ def test_kappa_reads_the_concatenated_heads_of_every_block_and_leaves_the_model_
     torch.manual_seed(0)
     model = get_family(family).build({**SMALL[family], "attn": "eager"}).double().train()
     x = ids(SMALL[family], batch=8)
-    kappas = attention_condition(model, x)
+    kappas = [b["kappa"] for b in attention_condition(model, x)]
     assert len(kappas) == SMALL[family]["layers"] and model.training
     assert all(not m.proj._forward_pre_hooks for _, m in attention_modules(model))
     assert "proj" not in dict(model.named_modules()) and not any(".proj." in k for k in model.state_dict())  # an alias only
