@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import sys
 import time
 import typing
@@ -9,6 +11,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
+import numpy as np
+import pandas as pd
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -29,25 +33,44 @@ class Format(str, Enum):
 
 
 def _print_frame(frame, fmt: Format, title: str | None = None) -> None:
-    """A pandas frame as a rich table, CSV or JSON on stdout."""
+    """A pandas frame as a rich table, CSV or JSON on stdout.
+
+    In a table no number is ever cut short: a numeric column is at least as wide as its longest value
+    and never wraps; long text folds onto more lines. A table that still does not fit the terminal
+    is printed wider than it (the terminal wraps it, or a pager scrolls it): never with `5.995e+…`.
+    """
     if fmt is Format.csv:
         sys.stdout.write(frame.to_csv(index=False))
     elif fmt is Format.json:
         sys.stdout.write(frame.to_json(orient="records", indent=1) + "\n")
     else:
         table = Table(title=title)
-        for col in frame.columns:
-            table.add_column(str(col), justify="right" if frame[col].dtype.kind in "iuf" else "left")
-        for row in frame.itertuples(index=False):
-            table.add_row(*(_cell(v) for v in row))
-        out.print(table)
+        cells = [[_cell(v) for v in row] for row in frame.itertuples(index=False)]
+        for i, col in enumerate(frame.columns):
+            if frame[col].dtype.kind in "iuf":
+                longest = max((len(row[i]) for row in cells), default=1)
+                table.add_column(str(col), justify="right", no_wrap=True, min_width=longest)
+            else:
+                table.add_column(str(col), overflow="fold")
+        for row in cells:
+            table.add_row(*row)
+        needed = Console(width=UNLIMITED).measure(table).minimum
+        (out if needed <= out.width else Console(width=needed)).print(table)
+
+
+UNLIMITED = 100_000  # columns: a console this wide measures a table's own minimum width
 
 
 def _cell(value) -> str:
-    if isinstance(value, float):
+    """A value as a table shows it: 4 significant digits, thousands separated, blank where missing."""
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, (bool, np.bool_)):
+        return str(value)
+    if isinstance(value, numbers.Integral):
+        return f"{value:,}" if abs(value) >= 10_000 else str(value)
+    if isinstance(value, numbers.Real):
         return f"{value:.4g}"
-    if isinstance(value, int) and abs(value) >= 10_000:
-        return f"{value:,}"
     return str(value)
 
 
@@ -65,10 +88,12 @@ def params(
 ) -> None:
     """Count parameters exactly: every feasible configuration of a space, or one configuration."""
     import pandas as pd
+    from pydantic import ValidationError
 
     from explorer.families import get_family
     from explorer.space import load_space
     from explorer.units import format_count
+    from explorer.yamlio import first_error
 
     if space is not None:
         sp = load_space(space)
@@ -89,8 +114,9 @@ def params(
         given[name] = _scalar(value)
     try:
         dims = fam.check({**fam.defaults(), **given}).model_dump()
-    except Exception as e:  # pydantic's message, first line
-        raise ExplorerError(str(e).splitlines()[1] if len(str(e).splitlines()) > 1 else str(e), field=family) from None
+    except ValidationError as e:
+        loc, msg = first_error(e, fam.Dims)
+        raise ExplorerError(msg, source=family, field=".".join(map(str, loc)) or None) from None
     n = fam.params(dims)
     _print_frame(pd.DataFrame([{**given, "params": n, "M": format_count(n), "flops": fam.flops(dims)}]), format,
                  title=f"{family}, counted {fam.counting}")
@@ -308,16 +334,32 @@ def recommend(
                   f"run them with: explorer resume {study}", markup=False)
 
 
+class RegimeChoice(str, Enum):
+    fixed_width = "fixed-width"
+    fixed_head_dim = "fixed-head-dim"
+    both = "both"
+
+
 @app.command()
 def condition(
     space: Annotated[Path, typer.Argument(help="a space YAML")],
     task: Annotated[str, typer.Option(help="task name, e.g. digits")] = "digits",
     option: Annotated[list[str], typer.Option(help="task option NAME=VALUE (repeatable)")] = [],
     seeds: Annotated[int, typer.Option(help="initialisations to average over")] = 3,
+    regime: Annotated[RegimeChoice, typer.Option(
+        help="fixed-width: the space's configurations; fixed-head-dim: each at width heads x --head-dim "
+             "(the theorem's case, where a Gaussian A's κ falls with heads); or both")] = RegimeChoice.fixed_width,
+    head_dim: Annotated[Optional[int], typer.Option(
+        min=1, help="head dimension of the fixed-head-dim sweep (default: the space's largest)")] = None,
     format: Annotated[Format, typer.Option("--format", "-f")] = Format.table,
 ) -> None:
-    """κ(A) of each configuration's attention blocks at initialisation: Theorem 3.2's trend on your data."""
-    from explorer.conditioning import condition_table
+    """κ(A) = σ₁/σ_k of the attention blocks' concatenated head outputs at initialisation, against heads.
+
+    At fixed width, a Gaussian model of A predicts κ independent of heads; the fall measured there
+    comes from near-uniform attention at initialisation (each head's output close to rank one).
+    Only at fixed head dimension does the Gaussian κ fall with heads (Theorem 3.2's setting).
+    """
+    from explorer.conditioning import REGIMES, condition_table
     from explorer.space import load_space
     from explorer.tasks import get_task
 
@@ -328,9 +370,15 @@ def condition(
             raise ExplorerError(f"--option {item!r}: write NAME=VALUE", field="--option")
         options[name] = _scalar(value)
     sp = load_space(space)
-    frame = condition_table(sp, get_task(task, options), seeds=tuple(range(seeds)))
-    cols = [c for c in ("width", "layers", "heads", "head_dim", "params", "kappa", "kappa_first", "kappa_last") if c in frame]
-    _print_frame(frame[cols], format, title=f"κ at initialisation on {task} (geometric mean over blocks and {seeds} seeds)")
+    regimes = REGIMES if regime is RegimeChoice.both else (regime.value,)
+    frame = condition_table(sp, get_task(task, options), seeds=tuple(range(seeds)), regimes=regimes, head_dim=head_dim)
+    cols = ["regime", "width", "layers", "heads", "head_dim", "params", "kappa", "kappa_first", "kappa_last"]
+    cols += [c for c in ("kappa_channel", "kappa_inner") if frame[c].notna().any()]
+    if frame["missing"].map(len).any():  # blocks whose hook never fired, by name
+        frame, cols = frame.assign(missing=frame["missing"].map(", ".join)), [*cols, "missing"]
+    title = (f"κ at initialisation on {task}: token-attention blocks, geometric mean over blocks and {seeds} seeds"
+             " (kappa_channel: channel attention, kappa_inner: TNT's inner attention)")
+    _print_frame(frame[cols], format, title=title)
 
 
 def main() -> None:

@@ -70,4 +70,18 @@ def trials_frame(study: optuna.Study, duplicates: bool = False) -> pd.DataFrame:
     frame = frame[head + extra]
     numeric = [*DIMS, "params", "flops", metric, "kappa_init_mean", "kappa_final_mean", "train_time_s"]
     frame[numeric] = frame[numeric].apply(pd.to_numeric, errors="coerce")
-    return frame.sort_values("number", ignore_index=True)
+    return nullable_ints(frame, ["number", *DIMS, "params", "flops"]).sort_values("number", ignore_index=True)
+
+
+def nullable_ints(frame: pd.DataFrame, names: list[str]) -> pd.DataFrame:
+    """`frame` with the named columns as pandas' nullable Int64 where every value present is whole.
+
+    A WAITING or failed trial has no parameter count; with NaN the whole column would turn float
+    (`69120.0` in CSV, `6.912e+04` in tables). Int64 keeps the counts integers and the gap empty.
+    """
+    out = frame.copy()
+    for name in names:
+        values = out[name].dropna()
+        if pd.api.types.is_numeric_dtype(out[name]) and ((values % 1) == 0).all():
+            out[name] = out[name].astype("Int64")
+    return out

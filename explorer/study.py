@@ -23,7 +23,7 @@ import sqlalchemy.exc
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from explorer import checkpoints
-from explorer.conditioning import geometric_mean
+from explorer.conditioning import kappa_attrs, space_regime
 from explorer.errors import ExplorerError, TrialFailed
 from explorer.pruning import BinnedPruner, Peer, bin_edges
 from explorer.space import Config, SearchSpace, load_space
@@ -460,10 +460,7 @@ class Study:
             "flops": self.space.family.flops(dims),
             "seed": self.spec.budget.seed,
             **result.metrics,
-            "kappa_init": result.kappa_init,
-            "kappa_final": result.kappa_final,
-            "kappa_init_mean": geometric_mean(result.kappa_init),
-            "kappa_final_mean": geometric_mean(result.kappa_final),
+            **kappa_attrs(result.kappa_init, result.kappa_final, space_regime(self.space)),
             "train_time_s": result.train_time_s,
             "steps": result.steps,
             "device": result.device,

@@ -338,7 +338,7 @@ def bug() -> None:
     raise RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x16 and 32x16)\nsecond line")
 
 
-@pytest.mark.parametrize("fault, words", [(oom, "CUDA out of memory. Tried to allocate 2.00 GiB"),
+@pytest.mark.parametrize("fault, words", [(oom, "out of memory on cpu: CUDA out of memory. Tried to allocate 2.00 GiB"),
                                           (bug, "RuntimeError: mat1 and mat2 shapes cannot be multiplied")])
 def test_a_failing_trial_is_marked_failed_with_its_reason_and_the_study_goes_on(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault, words: str) -> None:
