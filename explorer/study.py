@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from explorer.conditioning import geometric_mean
 from explorer.errors import ExplorerError, TrialFailed
 from explorer.pruning import BinnedPruner, Peer, bin_edges
-from explorer.space import Config, SearchSpace, load_space
+from explorer.space import Config, SearchSpace, SpaceSpec, load_space
 from explorer.tasks import Task, get_task
 from explorer.train import Budget, TrialResult, run_trial
 from explorer.watchdog import time_limit
@@ -67,7 +67,8 @@ class ExecutorSpec(BaseModel):
     """Where trials run: `local` (in this process) or `ray` (Ray Tune; `address` joins a cluster).
 
     `cpu` and `gpu` are the resources of one trial (torch's CPU threads, locally); `max_concurrent`,
-    `max_failures` (retries of a trial whose worker died) and `address` are Ray's.
+    `max_failures` (retries of a trial whose worker died), `address` and `storage_path` (where Ray Tune
+    keeps trial checkpoints: a folder every node shares, or a URI such as s3://bucket/path) are Ray's.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -77,6 +78,7 @@ class ExecutorSpec(BaseModel):
     gpu: float = Field(0, ge=0)
     max_concurrent: int = Field(2, ge=1)
     max_failures: int = Field(2, ge=0)
+    storage_path: str | None = None
 
 
 class StudySpec(BaseModel):
@@ -126,10 +128,10 @@ class StudySpec(BaseModel):
 class Study:
     """A study spec resolved against its files: space, task, objectives, storage, Optuna study."""
 
-    def __init__(self, spec: StudySpec, source: Path):
+    def __init__(self, spec: StudySpec, source: Path, space: SearchSpace | None = None):
         self.spec = spec
         self.source = source
-        self.space: SearchSpace = load_space(self._path(spec.space, "space"))
+        self.space: SearchSpace = space or load_space(self._path(spec.space, "space"))
         options = {k: v for k, v in spec.task.items() if k != "name"}
         for key in ("root", "path"):
             if isinstance(options.get(key), str):
@@ -138,6 +140,18 @@ class Study:
         self.objectives: list[Objective] = spec.objectives or self._default_objectives()
         self._check_objectives()
         self._check_task_fits_space()
+
+    def to_data(self) -> dict[str, Any]:
+        """The resolved study as plain data, for machines that do not have its files (Ray worker nodes)."""
+        return {"spec": self.spec.model_dump(mode="json"), "source": str(self.source.resolve()),
+                "space": self.space.to_dict(), "space_source": self.space.source}
+
+    @classmethod
+    def from_data(cls, data: dict[str, Any]) -> Study:
+        """The study `to_data` described, rebuilt without reading its YAML files; relative paths in it
+        (task data, storage) still resolve against the original study's folder."""
+        space = SearchSpace(SpaceSpec.model_validate(data["space"]), data["space_source"])
+        return cls(StudySpec.model_validate(data["spec"]), Path(data["source"]), space)
 
     # -- resolution and validation --------------------------------------------------------------
     def _path(self, value: str, field: str, must_exist: bool = True) -> Path:
@@ -430,14 +444,16 @@ class Study:
         }
 
     def evaluate(self, cfg: Config, on_epoch: Callable[[int, dict[str, float]], None] | None = None,
-                 device: str | None = None) -> dict[str, Any]:
+                 device: str | None = None, checkpoint_dir: Path | None = None) -> dict[str, Any]:
         """Train `cfg` (resuming its checkpoint if a killed run left one) and return its trial attributes.
 
         Any failure inside the trial (NaN loss, out of memory, an error in the model, running past
         `trial_timeout_s`) becomes `TrialFailed(reason)`, so the study goes on; pruning and interrupts
-        pass through.
+        pass through. A pruned or stopped trial (Ray Tune ends a stopped trial's thread with
+        SystemExit) leaves no checkpoint for a later trial of the same configuration to resume.
+        `checkpoint_dir` defaults to the configuration's folder beside the study.
         """
-        ckpt = self.checkpoint_dir(cfg)
+        ckpt = checkpoint_dir or self.checkpoint_dir(cfg)
         start = time.perf_counter()
         try:
             with time_limit(self.spec.trial_timeout_s):
@@ -445,7 +461,7 @@ class Study:
                                    checkpoint_dir=ckpt, device=device)
         except KeyboardInterrupt:  # kept: the resumed trial continues from its checkpoint
             raise
-        except (optuna.TrialPruned, TrialFailed):
+        except (optuna.TrialPruned, TrialFailed, SystemExit):
             _remove_checkpoint(ckpt)
             raise
         except Exception as err:
