@@ -148,7 +148,7 @@ def test_a_ray_trial_past_its_time_limit_fails_with_that_reason(cluster: Cluster
     ostudy = run(path, "ray")
     (trial,) = [t for t in ostudy.trials if t.state != optuna.trial.TrialState.WAITING]
     assert trial.state == FAIL and trial.user_attrs["fail_reason"] == "ran past its time limit of 2 s (trial_timeout_s)"
-    assert not list(Path(experiment_root(load_study_spec(path))).rglob("explorer-checkpoint"))
+    assert not _trial_scratch()
 
 
 @pytest.mark.slow
@@ -178,7 +178,7 @@ def test_a_local_study_continued_with_ray_and_pruned_within_bins(cluster: Cluste
         assert (t.state == optuna.trial.TrialState.PRUNED) == bool(stops)
         assert not stops or stops[0] == len(curve)  # stopped at the first rung it failed
     assert any(t.state == optuna.trial.TrialState.PRUNED for t in done[2:])  # (deterministic on CPU)
-    assert not list(Path(experiment_root(load_study_spec(path))).rglob("explorer-checkpoint"))  # stopped trials cleaned up
+    assert not _trial_scratch()  # stopped trials cleaned up
     out = subprocess.run([sys.executable, "-m", "explorer.cli", "status", str(path)], capture_output=True, text=True)
     assert out.returncode == 0 and "4/4 finished" in out.stdout
 
@@ -192,7 +192,7 @@ def test_killed_worker_is_retried_from_its_checkpoint(cluster: Cluster, tmp_path
     ostudy = run(path, "ray")
     assert killed, "no trial reached its second epoch while running"
     done = ostudy.get_trials(states=(COMPLETE,))
-    assert len(done) == 3 and len({t.params["arch"] for t in done}) == 3  # nothing lost, nothing twice
+    assert len(done) == 3 and len({t.params["arch"] for t in done}) == 3, [(t.number, t.state, t.user_attrs.get("fail_reason")) for t in ostudy.trials]  # nothing lost, nothing twice
     assert all(len(t.user_attrs["curve"]) == 4 for t in done)
     epochs = {}
     for line in _result_lines(study):
@@ -215,6 +215,13 @@ def _kill_worker_after_epoch_2(study, killed: list[int]) -> None:
                 killed.append(row["pid"])
                 return
         time.sleep(0.05)
+
+
+def _trial_scratch() -> list[Path]:
+    """Trials' checkpoint folders left in their working dirs (Ray's session folder on this machine; no public API names it)."""
+    artifacts = Path(ray._private.worker._global_node.get_session_dir_path()) / "artifacts"
+    assert list(artifacts.rglob("working_dirs")), "trials ran elsewhere: this check would see nothing"
+    return list(artifacts.rglob("explorer-trial"))
 
 
 def _result_lines(study) -> list[str]:

@@ -417,8 +417,9 @@ def train_trial(config: dict[str, Any], link: _Link) -> None:
     cfg = study.configs[config["arch"]]
     cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
     torch.set_num_threads(max(1, int(cpus)))  # Ray sets OMP_NUM_THREADS=1; use what the trial was given
-    folder = Path(tune.get_context().get_trial_dir()) / "explorer-checkpoint"
-    shutil.rmtree(folder, ignore_errors=True)
+    scratch = Path(tune.get_context().get_trial_dir()) / "explorer-trial"  # not the trial dir itself: it is the cwd
+    folder = scratch / "checkpoint"
+    shutil.rmtree(scratch, ignore_errors=True)
     previous = tune.get_checkpoint()
     if previous is not None:  # a retry after a dead worker or node: continue where Ray last saved
         previous.to_directory(str(folder))
@@ -434,5 +435,5 @@ def train_trial(config: dict[str, Any], link: _Link) -> None:
         tune.report({"fail_reason": str(err), "node": node, metric: math.nan})
         return
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
     tune.report({"epoch": len(attrs["curve"]), metric: attrs[metric], "attrs": json.dumps(attrs), "node": node})
