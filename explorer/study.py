@@ -255,7 +255,9 @@ class Study:
         while err.__cause__ is not None:  # Optuna wraps the driver's error: report the driver's words
             err = err.__cause__
         text = str(getattr(err, "orig", None) or err).strip().splitlines()
-        return ExplorerError(f"{what} storage {_shown(self.storage_url)!r}: {text[0] if text else type(err).__name__}",
+        hint = ("; install the driver (postgresql:// uses psycopg 3: pip install 'explorer[postgres]')"
+                if isinstance(err, ModuleNotFoundError) else "")  # the URL names a database driver not installed
+        return ExplorerError(f"{what} storage {_shown(self.storage_url)!r}: {text[0] if text else type(err).__name__}{hint}",
                              source=str(self.source), field="storage")
 
     def sampler(self) -> optuna.samplers.BaseSampler:

@@ -7,6 +7,7 @@ Each test gets its own database.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pwd
 import shutil
@@ -197,3 +198,16 @@ def test_a_wrong_password_or_missing_database_is_one_line_with_the_password_mask
     expected = 'password authentication failed for user "explorer"' if fault == "password" else 'database "no_such_database" does not exist'
     assert f"cannot open storage 'postgresql://explorer:***@127.0.0.1:{good.port}/" in errors[0] and expected in errors[0]
     assert bad.password not in out and "Traceback" not in out
+
+
+def test_a_url_whose_driver_is_missing_says_which_to_install(tmp_path: Path) -> None:
+    if importlib.util.find_spec("psycopg2") is not None:
+        pytest.skip("psycopg2 is installed here: no missing driver to report")
+    from explorer.errors import ExplorerError
+    from explorer.study import load_study_spec
+
+    study = load_study_spec(write_study(tmp_path, storage="postgresql+psycopg2://explorer:hunter2@127.0.0.1:1/db"))
+    with pytest.raises(ExplorerError) as err:
+        study.open()
+    assert str(err.value) == (f"{tmp_path / 'study.yaml'}: storage: cannot open storage 'postgresql+psycopg2://explorer:***@127.0.0.1:1/db': "
+                              "No module named 'psycopg2'; install the driver (postgresql:// uses psycopg 3: pip install 'explorer[postgres]')")
