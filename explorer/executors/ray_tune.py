@@ -97,15 +97,16 @@ def ray_log(study: Study) -> Path:
 
 def log_to_file(path: Path) -> None:
     """Send the `ray` loggers to `path` instead of the terminal, and Tune's experiment box nowhere."""
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the new output engine prints a box even at verbose=0
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's new output engine print()s its box at any verbosity
     logger = logging.getLogger("ray")
-    for handler in list(logger.handlers):
-        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+    for handler in list(logger.handlers):  # Ray's own stderr handler, and the file of an earlier study
+        if handler.get_name() == "explorer" or not isinstance(handler, logging.FileHandler):
             logger.removeHandler(handler)
-    if not any(getattr(h, "baseFilename", None) == str(path) for h in logger.handlers):
-        handler = logging.FileHandler(path)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
-        logger.addHandler(handler)
+            handler.close()
+    handler = logging.FileHandler(path)
+    handler.set_name("explorer")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
+    logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False
 
@@ -158,6 +159,7 @@ def restore_tuner(path: str | Path, study: Study) -> tune.Tuner:
     Optuna trial asked after that snapshot stays RUNNING until its heartbeat goes stale, and then the
     next `explorer run/resume` fails and re-queues it (or at once with `explorer resume --reclaim`).
     """
+    log_to_file(ray_log(study))
     connect(study.spec.executor)
     return tune.Tuner.restore(str(path), trainable(_Link(study), study.spec.executor), resume_unfinished=True, resume_errored=True)
 
