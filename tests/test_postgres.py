@@ -49,8 +49,10 @@ class Server:
         return str(sqlalchemy.engine.make_url(self.url).set(database=name).render_as_string(hide_password=False))
 
     def restart(self) -> None:
-        subprocess.run([*self.as_owner, _bin("pg_ctl"), "-D", self.pgdata, "-m", "fast", "-w", "restart"],
-                       check=True, capture_output=True)
+        """Restart the server; its output goes to a log file (a pipe would be held open by the new server)."""
+        log = Path(self.pgdata).parent / "restart.log"
+        subprocess.run([*self.as_owner, _bin("pg_ctl"), "-D", self.pgdata, "-l", str(log), "-m", "fast", "-w", "restart"],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _bin(name: str) -> str:
@@ -130,8 +132,10 @@ def finish(procs: list[subprocess.Popen], timeout: float = 300) -> list[tuple[in
 
 
 def completed_once(url: str, configs: int) -> list[optuna.trial.FrozenTrial]:
+    """Every configuration trained to completion exactly once (a trial answered from storage, marked
+    `duplicate_of`, is not trained: a worker that asks as the queue empties gets such a copy)."""
     trials = optuna.load_study(study_name="tiny", storage=url).trials
-    done = Counter(t.params["arch"] for t in trials if t.state == COMPLETE)
+    done = Counter(t.params["arch"] for t in trials if t.state == COMPLETE and "duplicate_of" not in t.user_attrs)
     assert len(done) == configs and set(done.values()) == {1}, [(t.number, t.state.name, t.params) for t in trials]
     return trials
 
