@@ -26,7 +26,7 @@ from explorer import checkpoints
 from explorer.conditioning import kappa_attrs, space_regime
 from explorer.errors import ExplorerError, TrialFailed
 from explorer.pruning import BinnedPruner, Peer, bin_edges
-from explorer.space import Config, SearchSpace, load_space
+from explorer.space import Config, SearchSpace, SpaceSpec, load_space
 from explorer.sqlite_storage import SQLiteStorage, reading
 from explorer.tasks import Task, get_task
 from explorer.train import Budget, TrialResult, run_trial
@@ -70,7 +70,8 @@ class ExecutorSpec(BaseModel):
     """Where trials run: `local` (in this process) or `ray` (Ray Tune; `address` joins a cluster).
 
     `cpu` and `gpu` are the resources of one trial (torch's CPU threads, locally); `max_concurrent`,
-    `max_failures` (retries of a trial whose worker died) and `address` are Ray's.
+    `max_failures` (retries of a trial whose worker died), `address` and `storage_path` (where Ray Tune
+    keeps trial checkpoints: a folder every node shares, or a URI such as s3://bucket/path) are Ray's.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -80,6 +81,7 @@ class ExecutorSpec(BaseModel):
     gpu: float = Field(0, ge=0)
     max_concurrent: int = Field(2, ge=1)
     max_failures: int = Field(2, ge=0)
+    storage_path: str | None = None
 
 
 class StudySpec(BaseModel):
@@ -129,10 +131,10 @@ class StudySpec(BaseModel):
 class Study:
     """A study spec resolved against its files: space, task, objectives, storage, Optuna study."""
 
-    def __init__(self, spec: StudySpec, source: Path):
+    def __init__(self, spec: StudySpec, source: Path, space: SearchSpace | None = None):
         self.spec = spec
         self.source = source
-        self.space: SearchSpace = load_space(self._path(spec.space, "space"))
+        self.space: SearchSpace = space or load_space(self._path(spec.space, "space"))
         options = {k: v for k, v in spec.task.items() if k != "name"}
         for key in ("root", "path"):
             if isinstance(options.get(key), str):
@@ -141,6 +143,18 @@ class Study:
         self.objectives: list[Objective] = spec.objectives or self._default_objectives()
         self._check_objectives()
         self._check_task_fits_space()
+
+    def to_data(self) -> dict[str, Any]:
+        """The resolved study as plain data, for machines that do not have its files (Ray worker nodes)."""
+        return {"spec": self.spec.model_dump(mode="json"), "source": str(self.source.resolve()),
+                "space": self.space.to_dict(), "space_source": self.space.source}
+
+    @classmethod
+    def from_data(cls, data: dict[str, Any]) -> Study:
+        """The study `to_data` described, rebuilt without reading its YAML files; relative paths in it
+        (task data, storage) still resolve against the original study's folder."""
+        space = SearchSpace(SpaceSpec.model_validate(data["space"]), data["space_source"])
+        return cls(StudySpec.model_validate(data["spec"]), Path(data["source"]), space)
 
     # -- resolution and validation --------------------------------------------------------------
     def _path(self, value: str, field: str, must_exist: bool = True) -> Path:
@@ -242,7 +256,9 @@ class Study:
         while err.__cause__ is not None:  # Optuna wraps the driver's error: report the driver's words
             err = err.__cause__
         text = str(getattr(err, "orig", None) or err).strip().splitlines()
-        return ExplorerError(f"{what} storage {_shown(self.storage_url)!r}: {text[0] if text else type(err).__name__}",
+        hint = ("; install the driver (postgresql:// uses psycopg 3: pip install 'explorer[postgres]')"
+                if isinstance(err, ModuleNotFoundError) else "")  # the URL names a database driver not installed
+        return ExplorerError(f"{what} storage {_shown(self.storage_url)!r}: {text[0] if text else type(err).__name__}{hint}",
                              source=str(self.source), field="storage")
 
     def sampler(self) -> optuna.samplers.BaseSampler:
@@ -467,16 +483,20 @@ class Study:
         }
 
     def evaluate(self, cfg: Config, lineage: int, on_epoch: Callable[[int, dict[str, float]], None] | None = None,
-                 device: str | None = None) -> dict[str, Any]:
+                 device: str | None = None, checkpoint_dir: Path | None = None) -> dict[str, Any]:
         """Train `cfg` as trial `lineage` (resuming its own checkpoint if a killed run left one) and return its attributes.
 
         Any failure inside the trial (NaN loss, out of memory, an error in the model, running past
         `trial_timeout_s`) becomes `TrialFailed(reason)`, so the study goes on; an `ExplorerError`
         (the task's data is bad) is the study's, not the trial's, and stops it; pruning and interrupts
-        pass through.
+        pass through. A pruned or stopped trial (Ray Tune ends a stopped trial's thread with
+        SystemExit) leaves no checkpoint for a later trial of the same configuration to resume.
+        `checkpoint_dir` defaults to the trial's folder beside the study (Ray passes one in the trial's
+        working dir).
         """
         owner = {"study": self.spec.name, "trial": lineage, "config": cfg.key, "budget": self.spec.budget.model_dump(mode="json")}
-        ckpt = checkpoints.claim(self.checkpoint_dir(cfg, lineage), owner)  # another run's checkpoint is not resumed
+        # another run's checkpoint is not resumed
+        ckpt = checkpoints.claim(checkpoint_dir or self.checkpoint_dir(cfg, lineage), owner)
         start = time.perf_counter()
         try:
             with time_limit(self.spec.trial_timeout_s):
@@ -484,7 +504,7 @@ class Study:
                                    checkpoint_dir=ckpt, device=device)
         except KeyboardInterrupt:  # kept: the resumed trial continues from its checkpoint
             raise
-        except (optuna.TrialPruned, TrialFailed, ExplorerError):
+        except (optuna.TrialPruned, TrialFailed, ExplorerError, SystemExit):
             checkpoints.remove(ckpt)
             raise
         except Exception as err:

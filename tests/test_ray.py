@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,13 +26,17 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from explorer.executors.local import LocalExecutor  # noqa: E402
-from explorer.executors.ray_tune import RayExecutor, experiment_root, restore_tuner, trial_device  # noqa: E402
+from explorer.errors import ExplorerError  # noqa: E402
+from explorer.executors.ray_tune import RayExecutor, _Link, experiment_root, make_tuner, restore_tuner, trial_device  # noqa: E402
 from explorer.frame import trials_frame  # noqa: E402
 from explorer.pruning import Peer  # noqa: E402
 from explorer.study import load_study_spec  # noqa: E402
+from test_tasks import make_images  # noqa: E402
 
 COMPLETE = optuna.trial.TrialState.COMPLETE
-RAY = {"name": "ray", "cpu": 1, "max_concurrent": 2, "max_failures": 2}
+FAIL = optuna.trial.TrialState.FAIL
+# two nodes: Tune's checkpoints go to a folder both reach (here the same disk; on real hosts NFS or s3://)
+RAY = {"name": "ray", "cpu": 1, "max_concurrent": 2, "max_failures": 2, "storage_path": "ray-results"}
 FOUR = {**TINY_SPACE, "free": {"layers": [1, 2], "heads": [1, 2]}}  # a grid of 4: a re-queued config must run
 
 
@@ -61,6 +67,30 @@ def test_trial_device_is_the_gpu_ray_assigned() -> None:
     assert trial_device(["0"]) == "cuda"  # Ray narrows CUDA_VISIBLE_DEVICES to the trial's GPU
 
 
+def test_a_trial_stopped_by_ray_leaves_no_checkpoint_to_resume(tiny_study: Path) -> None:
+    """Tune ends a stopped trial's thread with SystemExit inside `tune.report`: its checkpoint must go,
+    or a later trial of the same configuration would resume past the epoch where it was stopped."""
+    study = load_study_spec(tiny_study)
+    cfg = next(iter(study.configs.values()))
+
+    def stop_after_first_epoch(epoch: int, metrics: dict) -> None:
+        assert (study.checkpoint_dir(cfg) / "checkpoint.pt").exists()  # the epoch was saved before reporting
+        raise SystemExit(0)
+
+    with pytest.raises(SystemExit):
+        study.evaluate(cfg, stop_after_first_epoch)
+    assert not study.checkpoint_dir(cfg).exists()
+
+
+def test_a_study_rebuilt_from_data_reads_no_yaml(tiny_study: Path, tmp_path: Path) -> None:
+    study = load_study_spec(tiny_study)
+    data = study.to_data()
+    for name in ("study.yaml", "space.yaml"):
+        (tmp_path / name).rename(tmp_path / f"{name}.moved")
+    copy = type(study).from_data(data)
+    assert copy.keys == study.keys and copy.identity() == study.identity() and copy.storage_url == study.storage_url
+
+
 @pytest.mark.slow
 def test_ray_and_local_evaluate_the_same_configurations(cluster: Cluster, tmp_path: Path) -> None:
     local = run(write_study(tmp_path / "local", n_trials=3), "local")
@@ -72,8 +102,60 @@ def test_ray_and_local_evaluate_the_same_configurations(cluster: Cluster, tmp_pa
     assert b["accuracy"].between(0, 1).all() and b["kappa_init_mean"].notna().all()
     assert set(b.columns) == set(a.columns)  # the same things are stored
     assert b["curve"].map(len).eq(2).all() and (b["device"] == "cpu").all()
-    nodes = {json.loads(line)["node_ip"] for line in _result_lines(load_study_spec(tmp_path / "ray" / "study.yaml"))}
-    assert nodes  # (both nodes share this machine's IP; the CPUs are what is split)
+    nodes = {json.loads(line)["node"] for line in _result_lines(load_study_spec(tmp_path / "ray" / "study.yaml"))}
+    assert nodes == {n["NodeID"] for n in ray.nodes() if n["Alive"]}  # two trials at once, one CPU per node: both ran one
+
+
+@pytest.mark.slow
+def test_trials_run_after_the_study_files_are_moved_away_and_tune_knows_the_best(cluster: Cluster, tmp_path: Path) -> None:
+    path = write_study(tmp_path, n_trials=3, executor=RAY)
+    study = load_study_spec(path)
+    ostudy = study.open()
+    moved = tmp_path / "elsewhere"
+    moved.mkdir()
+    for name in ("study.yaml", "space.yaml"):  # the driver has started; no worker may need these files
+        (tmp_path / name).rename(moved / name)
+    link = _Link(study, ostudy)
+    try:
+        results = make_tuner(study, link, "moved").fit()
+    finally:
+        link.release()
+    done = ostudy.get_trials(states=(COMPLETE,))
+    assert len(done) == 3 and not [t for t in ostudy.trials if t.state == FAIL]
+    best = results.get_best_result()  # the metric and mode were declared to Tune
+    assert best.metrics["accuracy"] == max(t.user_attrs["accuracy"] for t in done)
+
+
+@pytest.mark.slow
+def test_a_node_without_the_task_data_fails_the_trial_with_that_reason(cluster: Cluster, tmp_path: Path) -> None:
+    images = make_images(tmp_path / "images", n=4)
+    space = {**TINY_SPACE, "fixed": {**TINY_SPACE["fixed"], "in_chans": 3, "num_classes": 3}}
+    path = write_study(tmp_path, space, n_trials=2, task={"name": "image-folder", "root": "images", "img_size": 8}, executor=RAY)
+    study = load_study_spec(path)
+    ostudy = study.open()
+    shutil.rmtree(images)  # as on a node that never had it
+    RayExecutor().run(study, ostudy)
+    failed = ostudy.get_trials(states=(FAIL,))
+    assert len(failed) == 2 and len(ostudy.trials) - len(ostudy.get_trials(states=(optuna.trial.TrialState.WAITING,))) == 2
+    for t in failed:
+        assert re.search(r"^on Ray node [\d.]+ \(\w{8}\): .*study\.yaml: task\.root: directory not found: .*images$", t.user_attrs["fail_reason"])
+
+
+@pytest.mark.slow
+def test_a_ray_trial_past_its_time_limit_fails_with_that_reason(cluster: Cluster, tmp_path: Path) -> None:
+    budget = {"epochs": 500, "batch_size": 16, "lr": 0.003, "seed": 0}
+    path = write_study(tmp_path, n_trials=1, budget=budget, trial_timeout_s=2, executor=RAY)
+    ostudy = run(path, "ray")
+    (trial,) = [t for t in ostudy.trials if t.state != optuna.trial.TrialState.WAITING]
+    assert trial.state == FAIL and trial.user_attrs["fail_reason"] == "ran past its time limit of 2 s (trial_timeout_s)"
+    assert not _trial_scratch()
+
+
+@pytest.mark.slow
+def test_a_cluster_of_two_nodes_refuses_a_local_storage_path(cluster: Cluster, tmp_path: Path) -> None:
+    path = write_study(tmp_path, n_trials=1, executor={k: v for k, v in RAY.items() if k != "storage_path"})
+    with pytest.raises(ExplorerError, match=r"study\.yaml: executor\.storage_path: the Ray cluster has 2 nodes: set executor\.storage_path"):
+        run(path, "ray")
 
 
 @pytest.mark.slow
@@ -96,6 +178,7 @@ def test_a_local_study_continued_with_ray_and_pruned_within_bins(cluster: Cluste
         assert (t.state == optuna.trial.TrialState.PRUNED) == bool(stops)
         assert not stops or stops[0] == len(curve)  # stopped at the first rung it failed
     assert any(t.state == optuna.trial.TrialState.PRUNED for t in done[2:])  # (deterministic on CPU)
+    assert not _trial_scratch()  # stopped trials cleaned up
     out = subprocess.run([sys.executable, "-m", "explorer.cli", "status", str(path)], capture_output=True, text=True)
     assert out.returncode == 0 and "4/4 finished" in out.stdout
 
@@ -109,7 +192,7 @@ def test_killed_worker_is_retried_from_its_checkpoint(cluster: Cluster, tmp_path
     ostudy = run(path, "ray")
     assert killed, "no trial reached its second epoch while running"
     done = ostudy.get_trials(states=(COMPLETE,))
-    assert len(done) == 3 and len({t.params["arch"] for t in done}) == 3  # nothing lost, nothing twice
+    assert len(done) == 3 and len({t.params["arch"] for t in done}) == 3, [(t.number, t.state, t.user_attrs.get("fail_reason")) for t in ostudy.trials]  # nothing lost, nothing twice
     assert all(len(t.user_attrs["curve"]) == 4 for t in done)
     epochs = {}
     for line in _result_lines(study):
@@ -132,6 +215,13 @@ def _kill_worker_after_epoch_2(study, killed: list[int]) -> None:
                 killed.append(row["pid"])
                 return
         time.sleep(0.05)
+
+
+def _trial_scratch() -> list[Path]:
+    """Trials' checkpoint folders left in their working dirs (Ray's session folder on this machine; no public API names it)."""
+    artifacts = Path(ray._private.worker._global_node.get_session_dir_path()) / "artifacts"
+    assert list(artifacts.rglob("working_dirs")), "trials ran elsewhere: this check would see nothing"
+    return list(artifacts.rglob("explorer-trial"))
 
 
 def _result_lines(study) -> list[str]:

@@ -12,13 +12,20 @@ schedules. Three pieces meet Ray's interfaces:
   each epoch with a Ray checkpoint of the trial's checkpoint folder, resuming from it after a failure.
 
 Tune pickles its searcher and scheduler, and Optuna storages hold locks and connections that do not
-pickle, so both keep a `_Link` (the spec and its path) and reconnect lazily after unpickling.
+pickle, so both keep a `_Link` (the resolved study as data) and reconnect lazily after unpickling.
+
+Trials are self-contained: a worker rebuilds the study from that data (`Study.from_data`), never
+from the driver's YAML files, so nodes need no shared disk; only the task's data must exist on every
+node, and a trial that cannot find it fails with that reason. Tune's checkpoints go to
+`executor.storage_path` (a shared folder or a URI); a cluster of several nodes refuses the default
+local folder. Ray's driver-side log lines go to `<study>.ray.log` beside the study, not the terminal.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import pickle
 import shutil
@@ -39,7 +46,7 @@ from ray.tune.search import Searcher
 
 from explorer.errors import ExplorerError, TrialFailed
 from explorer.executors import Executor, TrialCallback
-from explorer.study import ExecutorSpec, Study, StudySpec
+from explorer.study import ExecutorSpec, Study
 from explorer.train import CHECKPOINT
 
 _FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
@@ -49,7 +56,9 @@ class RayExecutor(Executor):
     def run(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None = None) -> None:
         if study.remaining(ostudy) == 0:
             return
+        log_to_file(ray_log(study))
         connect(study.spec.executor)
+        check_storage_path(study)
         with warnings.catch_warnings(category=optuna.exceptions.ExperimentalWarning, action="ignore"):
             optuna.storages.fail_stale_trials(ostudy)  # trials a dead driver left: failed, queued again
         link = _Link(study, ostudy, on_trial)
@@ -57,38 +66,85 @@ class RayExecutor(Executor):
         try:
             make_tuner(study, link, name).fit()
         finally:
-            link.release()
+            interrupted = link.release()
+        if interrupted:  # Tune caught Ctrl-C and stopped its trials: their configurations are queued again
+            raise KeyboardInterrupt
         if study.too_many_failures(ostudy):
             raise ExplorerError(f"stopped after {study.failures(ostudy)} failed trials (max_failures: {study.spec.max_failures}); "
                                 "see `explorer status` for their reasons", source=str(study.source))
 
 
 def connect(spec: ExecutorSpec) -> None:
-    """Join the cluster at `spec.address` (or RAY_ADDRESS), else start a Ray on this machine."""
+    """Join the cluster at `spec.address` (or RAY_ADDRESS), else start a Ray on this machine.
+
+    Workers' output stays in Ray's session logs on each node (`<temp dir>/session_latest/logs`, by
+    default /tmp/ray): `log_to_driver=False` keeps it off the user's terminal.
+    """
     if ray.is_initialized():
         return
     address = spec.address or os.environ.get("RAY_ADDRESS")
     local = {} if address else {"include_dashboard": False}
     try:
-        ray.init(address=address, ignore_reinit_error=True, logging_level=logging.WARNING, **local)
+        ray.init(address=address, ignore_reinit_error=True, logging_level=logging.INFO, log_to_driver=False, **local)
     except (ConnectionError, RuntimeError, ValueError) as err:
         raise ExplorerError(f"cannot join Ray at {address!r}: {str(err).splitlines()[0]}", field="executor.address") from None
 
 
-def experiment_root(study: Study) -> Path:
-    """Ray Tune's experiment folders (trial logs, Ray checkpoints) live beside the study YAML."""
-    return study.source.parent.resolve() / f"{study.spec.name}.ray"
+def ray_log(study: Study) -> Path:
+    """Where Ray's driver-side messages go (Tune's status, warnings, its advice on Ctrl-C)."""
+    return study.source.parent.resolve() / f"{study.spec.name}.ray.log"
+
+
+def log_to_file(path: Path) -> None:
+    """Send the `ray` loggers to `path` instead of the terminal, and Tune's experiment box nowhere."""
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's new output engine print()s its box at any verbosity
+    logger = logging.getLogger("ray")
+    for handler in list(logger.handlers):  # Ray's own stderr handler, and the file of an earlier study
+        if handler.get_name() == "explorer" or not isinstance(handler, logging.FileHandler):
+            logger.removeHandler(handler)
+            handler.close()
+    handler = logging.FileHandler(path)
+    handler.set_name("explorer")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+def experiment_root(study: Study) -> str | Path:
+    """Ray Tune's experiment folders (trial logs, Ray checkpoints): `executor.storage_path` (a folder,
+    relative to the study's, or a URI such as s3://bucket/path), by default `<name>.ray` beside the study."""
+    where = study.spec.executor.storage_path
+    if where and "://" in where:
+        return where
+    folder = Path(where).expanduser() if where else Path(f"{study.spec.name}.ray")
+    return folder if folder.is_absolute() else study.source.parent.resolve() / folder
+
+
+def check_storage_path(study: Study) -> None:
+    """A cluster of several nodes needs a storage_path every node reaches: Ray's checkpoints of a trial
+    retried on another node are read from there (Ray's docs: a local path fails at checkpointing)."""
+    nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
+    if nodes > 1 and not study.spec.executor.storage_path:
+        raise ExplorerError(f"the Ray cluster has {nodes} nodes: set executor.storage_path to a folder every node shares "
+                            f"or a URI such as s3://bucket/path (the default {experiment_root(study)} is on this machine only)",
+                            source=str(study.source), field="executor.storage_path")
 
 
 def make_tuner(study: Study, link: _Link, name: str) -> tune.Tuner:
-    """A Tuner whose searcher decides how many trials run: until the storage holds `n_trials`."""
+    """A Tuner whose searcher decides how many trials run: until the storage holds `n_trials`.
+
+    The task's metric is declared, so `ResultGrid.get_best_result()` works on what `fit` returns.
+    """
     ex = study.spec.executor
     # Keeping 2 Ray checkpoints per trial forces an experiment snapshot every 2 epochs: cheap (the state
     # is small), but Ray warns about it on every snapshot when epochs are short.
     logging.getLogger("ray.tune.execution.experiment_state").setLevel(logging.ERROR)
+    mode = "max" if study.task.higher_is_better else "min"
     return tune.Tuner(
         trainable(link, ex),
         tune_config=tune.TuneConfig(search_alg=OptunaBridge(link), scheduler=scheduler(link), num_samples=-1,
+                                    metric=study.task.metric, mode=mode,
                                     max_concurrent_trials=ex.max_concurrent, reuse_actors=True),
         run_config=tune.RunConfig(name=name, storage_path=str(experiment_root(study)), verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=ex.max_failures),
@@ -103,6 +159,7 @@ def restore_tuner(path: str | Path, study: Study) -> tune.Tuner:
     Optuna trial asked after that snapshot stays RUNNING until its heartbeat goes stale, and then the
     next `explorer run/resume` fails and re-queues it (or at once with `explorer resume --reclaim`).
     """
+    log_to_file(ray_log(study))
     connect(study.spec.executor)
     return tune.Tuner.restore(str(path), trainable(_Link(study), study.spec.executor), resume_unfinished=True, resume_errored=True)
 
@@ -122,15 +179,16 @@ def trial_device(gpu_ids: Sequence[Any]) -> str:
 
 # -- the link to the study ---------------------------------------------------------------------------------
 class _Link:
-    """The study spec and its path, picklable; the Optuna study is (re)opened where it is used.
+    """The resolved study as data (spec, space, folder), picklable; the Optuna study is (re)opened where
+    it is used, and the study is rebuilt from the data without reading its files.
 
     It also keeps the Optuna trials this driver has open alive with heartbeats, so that if the driver
     dies they go stale and the next `explorer run/resume` fails and re-queues them (as for `local`).
     """
 
     def __init__(self, study: Study, ostudy: optuna.Study | None = None, on_trial: TrialCallback | None = None):
-        self.spec = study.spec.model_dump(mode="json")
-        self.source = str(study.source.resolve())
+        self.data = study.to_data()
+        self.metric = study.task.metric
         self.open_trials: dict[int, int] = {}  # Optuna trial number -> storage trial id, while RUNNING here
         self._study: Study | None = study
         self._ostudy = ostudy
@@ -138,15 +196,15 @@ class _Link:
         self._beating: threading.Event | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"spec": self.spec, "source": self.source, "open_trials": dict(self.open_trials)}
+        return {"data": self.data, "metric": self.metric, "open_trials": dict(self.open_trials)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.spec, self.source, self.open_trials = state["spec"], state["source"], state["open_trials"]
+        self.data, self.metric, self.open_trials = state["data"], state["metric"], state["open_trials"]
         self._study = self._ostudy = self.on_trial = self._beating = None
 
     def study(self) -> Study:
         if self._study is None:
-            self._study = Study(StudySpec.model_validate(self.spec), Path(self.source))
+            self._study = Study.from_data(self.data)
         return self._study
 
     def open(self) -> tuple[Study, optuna.Study]:
@@ -178,26 +236,33 @@ class _Link:
         if self.on_trial is not None:
             self.on_trial(ostudy, ostudy.trials[number])
 
-    def release(self) -> None:
-        """After the Tuner stops (e.g. Ctrl-C): fail the trials still open and queue their configurations."""
+    def release(self) -> bool:
+        """After the Tuner stops: fail the trials still open, saying why, and queue their configurations.
+
+        Trials are still open only when Tune stopped before they ended (Ctrl-C): returns whether any was.
+        """
+        stopped = False
         if self._ostudy is not None:
             for number, trial_id in list(self.open_trials.items()):
                 trial = self._ostudy._storage.get_trial(trial_id)
                 if trial.state not in _FINISHED:
+                    stopped = True
+                    self._ostudy._storage.set_trial_user_attr(
+                        trial_id, "interrupted", "the Ray run was interrupted (Ctrl-C) while it ran; its configuration is queued again")
                     self.tell(number, state=optuna.trial.TrialState.FAIL)
                     self.study().requeue(self._ostudy, trial)
         self.open_trials.clear()
         if self._beating is not None:
             self._beating.set()
+        return stopped
 
 
 # -- Optuna <-> Ray Tune ------------------------------------------------------------------------------------
 class OptunaBridge(Searcher):
     """A Ray searcher that asks and tells the study's Optuna storage.
 
-    The metric is deliberately not declared to Ray: the last report of a trial carries its attributes
-    (or its failure reason) instead of the metric, and the searcher, not Ray, decides when the study
-    is done (`num_samples=-1`; `FINISHED` once finished plus open trials reach `n_trials`). A sampled
+    The last report of a trial carries its attributes (or its failure reason, with a NaN metric, which
+    Tune's best-result ignores), and the searcher, not Ray, decides when the study is done (`num_samples=-1`; `FINISHED` once finished plus open trials reach `n_trials`). A sampled
     configuration that an open trial is training is held back until that one ends, then answered
     from storage if it completed: no configuration is trained twice.
     """
@@ -334,27 +399,41 @@ class BinnedScheduler(FIFOScheduler):
 
 # -- the trainable ---------------------------------------------------------------------------------------
 def train_trial(config: dict[str, Any], link: _Link) -> None:
-    """One trial on a Ray worker: resume from Ray's checkpoint if this is a retry, train, report."""
+    """One trial on a Ray worker: resume from Ray's checkpoint if this is a retry, train, report.
+
+    The study is rebuilt from the link's data; a node without the task's data fails the trial with
+    that reason (a result: retrying it elsewhere would not help). The trial's checkpoint folder is
+    its own, inside Ray's trial folder on this node, and is removed however the trial ends.
+    """
     logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)  # a line per checkpoint otherwise
-    study = link.study()
+    node = ray.get_runtime_context().get_node_id()
+    metric = link.metric
+    try:
+        study = link.study()
+    except ExplorerError as err:
+        tune.report({"fail_reason": f"on Ray node {ray.util.get_node_ip_address()} ({node[:8]}): {err}", "node": node, metric: math.nan})
+        return
     cfg = study.configs[config["arch"]]
     cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
     torch.set_num_threads(max(1, int(cpus)))  # Ray sets OMP_NUM_THREADS=1; use what the trial was given
     lineage = config.get("lineage", config["optuna_number"])
-    folder = study.checkpoint_dir(cfg, lineage)
+    scratch = Path(tune.get_context().get_trial_dir()) / "explorer-trial"  # not the trial dir itself: it is the cwd
+    folder = scratch / "checkpoint"
+    shutil.rmtree(scratch, ignore_errors=True)
     previous = tune.get_checkpoint()
     if previous is not None:  # a retry after a dead worker or node: continue where Ray last saved
-        shutil.rmtree(folder, ignore_errors=True)
         previous.to_directory(str(folder))
-    metric = study.task.metric
 
     def on_epoch(epoch: int, metrics: dict[str, float]) -> None:
         saved = (folder / CHECKPOINT).exists()
-        tune.report({**metrics, "epoch": epoch + 1}, checkpoint=tune.Checkpoint.from_directory(str(folder)) if saved else None)
+        tune.report({**metrics, "epoch": epoch + 1, "node": node},
+                    checkpoint=tune.Checkpoint.from_directory(str(folder)) if saved else None)
 
     try:
-        attrs = study.evaluate(cfg, lineage, on_epoch, trial_device(ray.get_gpu_ids()))
+        attrs = study.evaluate(cfg, lineage, on_epoch, trial_device(ray.get_gpu_ids()), checkpoint_dir=folder)
     except TrialFailed as err:  # a result, not a Ray error: Ray would retry it max_failures times
-        tune.report({"fail_reason": str(err)})
+        tune.report({"fail_reason": str(err), "node": node, metric: math.nan})
         return
-    tune.report({"epoch": len(attrs["curve"]), metric: attrs[metric], "attrs": json.dumps(attrs)})
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    tune.report({"epoch": len(attrs["curve"]), metric: attrs[metric], "attrs": json.dumps(attrs), "node": node})

@@ -1,0 +1,123 @@
+"""A Ray cluster started the way the README says (`ray start --head`, then `ray start --address` for a
+second node), a study run on it with `explorer run --address`, and the worker node stopped mid-study.
+
+Each `ray start` runs with `--block` in its own process group, so the test stops exactly the nodes it
+started (its raylet and Ray's own daemons are in that group) (never a blanket `ray stop`, which would stop every Ray on the machine). Ray 2.60 enables
+token authentication when a token exists (~/.ray/auth_token) but a joining node only sends it when
+RAY_AUTH_MODE=token is set: the test sets it for every Ray process, as the README says.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import optuna
+import pytest
+from conftest import write_study
+
+pytest.importorskip("ray")
+
+ENV = {**os.environ, "RAY_AUTH_MODE": "token", "OMP_NUM_THREADS": "1"}
+EXECUTOR = {"name": "ray", "cpu": 1, "max_concurrent": 2, "max_failures": 3, "storage_path": "ray-results"}
+
+
+def ray_node(args: list[str], log: Path) -> subprocess.Popen:
+    """`ray start ... --block` in a process group of its own; returns once the node is up."""
+    ray = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
+    out = log.open("w")
+    proc = subprocess.Popen([ray, "start", *args, "--num-cpus", "1", "--disable-usage-stats", "--block"],
+                            env=ENV, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    while "Ray runtime started" not in log.read_text():
+        assert proc.poll() is None, log.read_text()[-2000:]
+        time.sleep(0.2)
+    return proc
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Stop one node: its `ray start`, raylet and workers, all in its process group."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # what SIGTERM left (gcs_server, raylet)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+@pytest.fixture
+def head(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    temp = Path(f"/tmp/explorer-ray-{port}")  # Ray's socket paths must stay short: not under pytest's tmp_path
+    proc = ray_node(["--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--temp-dir", str(temp),
+                     "--include-dashboard", "false"], tmp_path / "head.log")
+    try:
+        yield f"127.0.0.1:{port}", temp
+    finally:
+        stop(proc)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_a_study_on_a_cli_cluster_survives_its_worker_node_stopping(head: tuple[str, Path], tmp_path: Path) -> None:
+    address, _ = head
+    worker = ray_node(["--address", address], tmp_path / "worker.log")
+    try:
+        budget = {"epochs": 4, "batch_size": 16, "lr": 0.003, "seed": 0}
+        path = write_study(tmp_path, budget=budget, executor=EXECUTOR)  # a grid of 6
+        driver = subprocess.Popen([sys.executable, "-m", "explorer.cli", "run", str(path), "--address", address, "--no-dashboard"],
+                                  env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        while True:  # until a trial on the worker node has checkpointed an epoch
+            assert driver.poll() is None, driver.stdout.read()
+            rows = _results(tmp_path / "ray-results")
+            if any(r.get("epoch", 0) >= 2 and _descends_from(r["pid"], worker.pid) for r in rows):
+                break
+            time.sleep(0.2)
+        stop(worker)  # the node goes away mid-trial
+        output, _ = driver.communicate(timeout=600)
+    finally:
+        stop(worker)
+    assert driver.returncode == 0, output[-3000:]
+    trials = optuna.load_study(study_name="tiny", storage=f"sqlite:///{tmp_path / 'tiny.db'}").trials
+    done = Counter(t.params["arch"] for t in trials if t.state == optuna.trial.TrialState.COMPLETE)
+    assert len(done) == 6 and set(done.values()) == {1}, [(t.number, t.state.name, t.user_attrs.get("fail_reason")) for t in trials]
+    rows = _results(tmp_path / "ray-results")
+    assert len({r["node"] for r in rows}) == 2  # both nodes ran trials ...
+    assert any(len({r["node"] for r in rows if r["trial_id"] == t}) == 2 for t in {r["trial_id"] for r in rows})  # ... and one moved
+    for noise in ("Number of trials", "Tuner.restore", "train_trial pid=", "Token authentication", "INFO"):
+        assert noise not in output, output  # Ray's box, advice and logs went to tiny.ray.log instead
+    assert "Started a local Ray instance" not in output and (tmp_path / "tiny.ray.log").stat().st_size > 0
+
+
+def _results(root: Path) -> list[dict]:
+    rows = []
+    for f in root.glob("*/*/result.json"):
+        rows += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+    return rows
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    """Whether `ancestor` (a node's `ray start`) started `pid` (a trial's worker, via that node's raylet)."""
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return False
+    return False
