@@ -74,12 +74,12 @@ def test_a_trial_stopped_by_ray_leaves_no_checkpoint_to_resume(tiny_study: Path)
     cfg = next(iter(study.configs.values()))
 
     def stop_after_first_epoch(epoch: int, metrics: dict) -> None:
-        assert (study.checkpoint_dir(cfg) / "checkpoint.pt").exists()  # the epoch was saved before reporting
+        assert (study.checkpoint_dir(cfg, 0) / "checkpoint.pt").exists()  # the epoch was saved before reporting
         raise SystemExit(0)
 
     with pytest.raises(SystemExit):
-        study.evaluate(cfg, stop_after_first_epoch)
-    assert not study.checkpoint_dir(cfg).exists()
+        study.evaluate(cfg, 0, stop_after_first_epoch)
+    assert not study.checkpoint_dir(cfg, 0).exists()
 
 
 def test_a_study_rebuilt_from_data_reads_no_yaml(tiny_study: Path, tmp_path: Path) -> None:
