@@ -6,7 +6,7 @@ For each table under bench/data/ (every configuration of a space trained at seve
 bench/build_tables.py) each sampler runs an Optuna study (maximize the metric, minimize parameters)
 whose trials are answered from the table: a query of a configuration returns one of its replicates
 at random, so the noise is the real one. A configuration proposed again is answered with its first
-result and does not count as an evaluation (as in a study); a sampler gets at most 20 asks per
+result and does not count as an evaluation (as in a study); a sampler gets at most 4 asks per
 evaluation. At 10%, 25% and 50% of the grid's evaluations it prints, as means over optimizer seeds:
 
 - budget regret: at 10 budgets log-uniform over the parameter range, the true (replicate-mean) metric
@@ -50,7 +50,7 @@ from explorer.space import load_space  # noqa: E402
 TABLES = {"digits-vit": "spaces/vit-digits.yaml", "digits-wide": "spaces/digits-wide.yaml"}
 FRACTIONS = (0.10, 0.25, 0.50)
 BUDGETS = 10
-ASKS_PER_EVAL = 20
+ASKS_PER_EVAL = 4
 DEFAULT = "budget-ei"  # explorer's default sampler (explorer.study.SamplerSpec)
 
 
@@ -66,9 +66,9 @@ class Table:
     params: dict[str, int]
 
     @classmethod
-    def load(cls, name: str) -> "Table":
+    def load(cls, name: str, data: Path = ROOT / "bench" / "data") -> "Table":
         space = load_space(ROOT / TABLES[name])
-        frame = read_table(ROOT / "bench" / "data" / f"{name}.csv.gz")
+        frame = read_table(Path(data) / f"{name}.csv.gz")
         reps: dict[str, list] = {}
         for row in frame.itertuples():
             reps.setdefault(row.key, []).append((float(row.metric), list(row.curve)))
@@ -110,30 +110,30 @@ def samplers(table: Table, seed: int) -> dict[str, Callable[[], optuna.samplers.
     enc = table.encoding
     tpe = lambda **kw: optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True, **kw)  # noqa: E731
     return {
-        "random (arch)": lambda: optuna.samplers.RandomSampler(seed=seed),
-        "nsga2 (arch, today)": lambda: optuna.samplers.NSGAIISampler(population_size=8, seed=seed),
+        "random-arch": lambda: optuna.samplers.RandomSampler(seed=seed),
+        "nsga2-arch": lambda: optuna.samplers.NSGAIISampler(population_size=8, seed=seed),
         "nsga2": lambda: FeasibleSampler(enc, optuna.samplers.NSGAIISampler(population_size=8, seed=seed), seed),
         "tpe": lambda: FeasibleSampler(enc, tpe(), seed),
-        "tpe, repeats allowed": lambda: FeasibleSampler(enc, tpe(), seed, avoid_taken=False),
-        "tpe, constraints_func": lambda: tpe(constraints_func=lambda t: t.user_attrs["infeasible"]),
+        "tpe-repeats": lambda: FeasibleSampler(enc, tpe(), seed, avoid_taken=False),
+        "tpe-constraints": lambda: tpe(constraints_func=lambda t: t.user_attrs["infeasible"]),
         "gp": lambda: FeasibleSampler(enc, optuna.samplers.GPSampler(seed=seed), seed),
         "budget-ei": lambda: BudgetSampler(enc, 0, True, seed=seed),
     }
 
 
-def replay(table_name: str, sampler: str, seed: int, prune: bool) -> dict:
+def replay(table_name: str, sampler: str, seed: int, prune: bool, data: str, last: float = FRACTIONS[-1]) -> dict:
     """One optimizer seed of one sampler on one table: regret, hypervolume, epochs at each fraction."""
     import torch
 
     torch.set_num_threads(1)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore")
-    table = Table.load(table_name)
+    table = Table.load(table_name, Path(data))
     n = len(table.params)
-    marks = sorted({max(1, math.ceil(f * n)) for f in FRACTIONS})
+    marks = sorted({max(1, math.ceil(f * n)) for f in FRACTIONS if f <= last})
     rng = np.random.default_rng(10_000 + seed)
     study = optuna.create_study(directions=["maximize", "minimize"], sampler=samplers(table, seed)[sampler]())
-    enc = table.arch if "arch" in sampler else table.encoding
+    enc = table.arch if sampler.endswith("-arch") else table.encoding
     pruner = BinnedPruner("median", True, bin_edges(list(table.params.values()), 3), warmup=2, startup=3)
     first: dict[str, list[float]] = {}  # the first answer given for each configuration
     measured: dict[str, float] = {}  # complete (not pruned) configurations' measured metric
@@ -143,7 +143,7 @@ def replay(table_name: str, sampler: str, seed: int, prune: bool) -> dict:
     while len(first) < marks[-1] and asks < ASKS_PER_EVAL * marks[-1]:
         asks += 1
         trial = study.ask()
-        if sampler == "tpe, constraints_func":
+        if sampler == "tpe-constraints":
             params = {d: trial.suggest_int(d, dist.low, dist.high, log=dist.log) for d, dist in enc.ordered.items()}
             cfg = enc.config(params)
             trial.set_user_attr("infeasible", [0.0 if cfg is not None else 1.0])
@@ -203,17 +203,20 @@ def kendall(table: Table, bins: int = 3) -> dict[int, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=20)
-    parser.add_argument("--gp-seeds", type=int, default=None, help="GPSampler is slow: fewer seeds for it (default: --seeds)")
+    parser.add_argument("--gp-seeds", type=int, default=5, help="GPSampler is slow (minutes per replay): fewer seeds for it")
+    parser.add_argument("--gp-last", type=float, default=0.25, help="GPSampler stops at this fraction of the grid")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--tables", default=",".join(TABLES))
     parser.add_argument("--samplers", default=None, help="comma-separated subset")
+    parser.add_argument("--data", default=str(ROOT / "bench" / "data"), help="the folder of the tables")
     args = parser.parse_args()
     start = time.perf_counter()
-    tables = {name: Table.load(name) for name in args.tables.split(",")}
+    tables = {name: Table.load(name, Path(args.data)) for name in args.tables.split(",")}
     names = args.samplers.split(",") if args.samplers else list(samplers(next(iter(tables.values())), 0))
-    gp_seeds = args.gp_seeds if args.gp_seeds is not None else args.seeds
-    jobs = [(t, s, seed, False) for t in tables for s in names for seed in range(gp_seeds if s == "gp" else args.seeds)]
-    jobs += [(t, DEFAULT, seed, True) for t in tables for seed in range(args.seeds)]
+    jobs = [(t, s, seed, False, args.data, args.gp_last if s == "gp" else FRACTIONS[-1])
+            for t in tables for s in names for seed in range(args.gp_seeds if s == "gp" else args.seeds)]
+    jobs.sort(key=lambda job: job[1] != "gp")  # the slow ones first, so the pool ends together
+    jobs += [(t, DEFAULT, seed, True, args.data, FRACTIONS[-1]) for t in tables for seed in range(args.seeds)]
     with ProcessPoolExecutor(args.jobs) as pool:
         results = list(pool.map(replay, *zip(*jobs), chunksize=1))
     for name, table in tables.items():
@@ -233,13 +236,16 @@ def _print_table(table: Table, results: list[dict], names: list[str]) -> None:
         v = [r["marks"][m][what] for r in rs]
         return float(np.mean(v)), float(np.std(v))
     plain = [r for r in results if not r["prune"]]
-    random = [r for r in plain if r["sampler"] == "random (arch)"]
+    random = [r for r in plain if r["sampler"] == "random-arch"]
     for s in names:
         rs = [r for r in plain if r["sampler"] == s]
         if not rs:
             continue
         cells = ""
         for m in marks:
+            if m not in rs[0]["marks"]:
+                cells += f"  {'-':>14} {'':5} {'':6}"
+                continue
             mean, spread = stats(rs, m, "regret")
             ratio = mean / stats(random, m, "regret")[0] if random and stats(random, m, "regret")[0] else float("nan")
             cells += f"  {mean:6.2f} ± {spread:5.2f} {ratio:5.2f} {stats(rs, m, 'hv')[0]:6.3f}"

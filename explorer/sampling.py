@@ -26,6 +26,7 @@ read as before. Studies stored before this change sample `arch` alone; they keep
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -238,6 +239,7 @@ class BudgetSampler(BaseSampler):
         n = self.features.shape[1]
         kernel = ConstantKernel(1.0, (1e-2, 1e2)) * Matern(np.full(n, 0.5), (0.05, 20.0), nu=2.5) + WhiteKernel(0.1, (1e-4, 1.0))
         self._gp = GaussianProcessRegressor(kernel, normalize_y=True, random_state=seed)
+        self._fitted_at = 0  # observations when the kernel's hyperparameters were last fitted
         grid = np.unique(self.cost)
         self._budgets = grid  # a budget at each configuration's cost; each weighs the log-cost span up to the next
         self._weights = np.diff(np.append(grid, 1.0 + 1.0 / max(len(grid), 1)))
@@ -258,14 +260,21 @@ class BudgetSampler(BaseSampler):
             return enc.params(enc.configs[self._startup(allowed, {i for i, _ in seen})])
         rows = np.array([i for i, _ in seen])
         y = self.sign * np.array([v for _, v in seen], dtype=float)
-        with np.errstate(all="ignore"):
-            import warnings
-
-            with warnings.catch_warnings(action="ignore"):
-                self._gp.fit(self.features[rows], y)
+        with np.errstate(all="ignore"), warnings.catch_warnings(action="ignore"):
+            self._fit(self.features[rows], y)
             mean, sd = self._gp.predict(self.features, return_std=True)
         score = self._acquisition(mean, np.maximum(sd, 1e-9), rows)
         return enc.params(enc.configs[int(np.argmax(np.where(allowed, score, -np.inf)))])
+
+    def _fit(self, x: np.ndarray, y: np.ndarray) -> None:
+        """Fit the GP; its hyperparameters are re-optimised once the data grew by a quarter (cheap otherwise)."""
+        refit = len(y) >= 1.25 * self._fitted_at
+        if refit:
+            self._fitted_at = len(y)
+        else:
+            self._gp.kernel = self._gp.kernel_
+        self._gp.optimizer = "fmin_l_bfgs_b" if refit else None
+        self._gp.fit(x, y)
 
     def _startup(self, allowed: np.ndarray, seen: set[int]) -> int:
         """An untaken configuration in the lowest cost bin that has none measured yet (random within it)."""
