@@ -65,10 +65,10 @@ def test_one_kappa_per_block_and_the_model_is_left_as_it_was(digits_batch: torch
 def test_captured_matrix_is_the_concatenated_head_output(digits_batch: torch.Tensor):
     """Recover proj's input from the attention module's output, independently of the hook."""
     torch.manual_seed(0)
-    model = get_family("image-encoder").build(IMAGE).eval()
+    model = get_family("image-encoder").build(IMAGE).double().eval()  # float64: pinv stays exact
     outputs = []
     model.blocks[0].attn.register_forward_hook(lambda module, inputs, output: outputs.append(output))
-    kappa = attention_condition(model, digits_batch)[0]
+    kappa = attention_condition(model, digits_batch.double())[0]
     proj = model.blocks[0].attn.proj
     heads_output = (outputs[0] - proj.bias) @ torch.linalg.pinv(proj.weight).T  # (B, N, width)
     assert heads_output.shape == (32, 17, 64)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,40 @@ def test_own_families_train(family: str) -> None:
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.7 * losses[0]
+
+
+@pytest.mark.parametrize("tie_weights", [True, False])
+def test_fresh_causal_lm_loss_is_near_uniform_guess(tie_weights: bool) -> None:
+    """With the standard init a fresh LM's logits are near zero: cross-entropy on random bytes ~ ln(256)."""
+    torch.manual_seed(0)
+    dims = dict(layers=2, heads=4, width=128, mlp=512, vocab=256, seq_len=64, tie_weights=tie_weights)
+    model = get_family("causal-lm").build(dims)
+    ids = torch.randint(0, 256, (8, 65))  # random bytes: the next one is independent of the past
+    with torch.no_grad():
+        loss = torch.nn.functional.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
+    assert abs(loss.item() - math.log(256)) < 0.5
+
+
+@pytest.mark.parametrize("family", OWN)
+def test_own_families_use_standard_transformer_init(family: str) -> None:
+    """Linear weights std 0.02, residual projections 0.02 / sqrt(2 layers), biases 0, LayerNorm 1/0."""
+    torch.manual_seed(0)
+    fam = get_family(family)
+    layers = 8
+    dims = {**fam.defaults(), "layers": layers, "heads": 4, "width": 128, "mlp": 256, "vocab": 64, "seq_len": 8, "bias": True}
+    dims = {k: v for k, v in dims.items() if k in fam.Dims.model_fields}
+    model = fam.build(dims)
+    residual = {n for n, _ in model.named_modules() if n.endswith(("attn.proj", "mlp.fc2"))}
+    assert len(residual) == 2 * layers
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            expected = 0.02 / math.sqrt(2 * layers) if name in residual else 0.02
+            assert module.weight.std().item() == pytest.approx(expected, rel=0.1), name
+            assert module.bias is None or not module.bias.any(), name
+        elif isinstance(module, torch.nn.LayerNorm):
+            assert (module.weight == 1).all() and (module.bias is None or not module.bias.any()), name
+        elif isinstance(module, torch.nn.Embedding):
+            assert module.weight.std().item() == pytest.approx(0.02, rel=0.1), name
 
 
 def test_output_shapes() -> None:

@@ -1,11 +1,15 @@
 """Pre-norm transformer blocks shared by explorer's own families (nanoGPT-style), and their counts.
 
+Every own family is initialised the standard transformer way (`init_weights`, as nanoGPT and timm's
+ViT do), so that κ and accuracy compare across families and a tied LM head starts near zero logits.
+
 Each module here has a twin counting function (`block_params`, `block_flops`) so the families can
 count a configuration without building it; tests check the two against each other.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -95,6 +99,31 @@ class Block(nn.Module):
 
 def blocks(d: BlockDims, causal: bool = False) -> nn.ModuleList:
     return nn.ModuleList(Block(d.width, d.heads, d.mlp, d.act, d.bias, causal) for _ in range(d.layers))
+
+
+INIT_STD = 0.02  # GPT-2 / nanoGPT / timm ViT
+
+
+def init_weights(model: nn.Module, layers: int) -> None:
+    """Standard transformer init: Linear and Embedding weights N(0, 0.02), biases 0, LayerNorm 1/0,
+    and the residual output projections (attention `proj`, MLP `fc2`) N(0, 0.02 / sqrt(2 * layers)),
+    so the residual stream's variance does not grow with depth (nanoGPT, GPT-2). Convolutions
+    (the image patch embedding) keep PyTorch's default, as timm's ViT does. A head tied to the token
+    embedding shares its N(0, 0.02) weights, so a fresh LM's logits are near zero (loss near ln vocab).
+    """
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, 0.0, INIT_STD)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+        if isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+    for module in model.modules():
+        if isinstance(module, Block):
+            for residual_out in (module.attn.proj, module.mlp.fc2):
+                nn.init.normal_(residual_out.weight, 0.0, INIT_STD / math.sqrt(2 * layers))
 
 
 def norm_params(width: int, bias: bool) -> int:

@@ -14,6 +14,7 @@ from explorer.families._transformer import (
     block_flops,
     block_params,
     blocks,
+    init_weights,
     linear_params,
     norm_params,
 )
@@ -34,6 +35,8 @@ class ImageDims(BlockDims):
 
 
 class ImageEncoder(nn.Module):
+    """Standard transformer init (`init_weights`); position embedding N(0, 0.02), class token 0."""
+
     def __init__(self, d: ImageDims):
         super().__init__()
         self.patch_embed = nn.Conv2d(d.in_chans, d.width, d.patch, stride=d.patch, bias=d.bias)
@@ -42,6 +45,7 @@ class ImageEncoder(nn.Module):
         self.blocks = blocks(d)
         self.norm = nn.LayerNorm(d.width, bias=d.bias)
         self.head = nn.Linear(d.width, d.num_classes, bias=d.bias)
+        init_weights(self, d.layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.patch_embed(x).flatten(2).transpose(1, 2)

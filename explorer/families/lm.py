@@ -7,7 +7,7 @@ from pydantic import Field
 from torch import nn
 
 from explorer.families import Family, register
-from explorer.families._transformer import BlockDims, block_flops, block_params, blocks, norm_params
+from explorer.families._transformer import BlockDims, block_flops, block_params, blocks, init_weights, norm_params
 
 
 class LMDims(BlockDims):
@@ -17,6 +17,8 @@ class LMDims(BlockDims):
 
 
 class CausalLM(nn.Module):
+    """Standard transformer init (`init_weights`): a fresh model's loss is near ln(vocab), tied or not."""
+
     def __init__(self, d: LMDims):
         super().__init__()
         self.tok_embed = nn.Embedding(d.vocab, d.width)
@@ -26,6 +28,7 @@ class CausalLM(nn.Module):
         self.head = nn.Linear(d.width, d.vocab, bias=False)
         if d.tie_weights:
             self.head.weight = self.tok_embed.weight
+        init_weights(self, d.layers)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.tok_embed(ids) + self.pos_embed[:, : ids.shape[1]]

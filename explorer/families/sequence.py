@@ -15,6 +15,7 @@ from explorer.families._transformer import (
     block_flops,
     block_params,
     blocks,
+    init_weights,
     linear_params,
     norm_params,
 )
@@ -42,7 +43,10 @@ class CrammedBertDims(SequenceDims):
 
 
 class SequenceClassifier(nn.Module):
-    """Token 0 is padding: attention ignores padded keys and mean pooling skips them."""
+    """Token 0 is padding: attention ignores padded keys and mean pooling skips them.
+
+    Standard transformer init (`init_weights`); position embedding N(0, 0.02), class token 0.
+    """
 
     def __init__(self, d: SequenceDims):
         super().__init__()
@@ -52,6 +56,7 @@ class SequenceClassifier(nn.Module):
         self.blocks = blocks(d)
         self.norm = nn.LayerNorm(d.width, bias=d.bias)
         self.head = nn.Linear(d.width, d.num_classes, bias=d.bias)
+        init_weights(self, d.layers)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         keep = ids != 0
