@@ -25,6 +25,7 @@ pruning rest on.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import sys
 import time
@@ -52,6 +53,8 @@ FRACTIONS = (0.10, 0.25, 0.50)
 BUDGETS = 10
 ASKS_PER_EVAL = 4
 DEFAULT = "budget-ei"  # explorer's default sampler (explorer.study.SamplerSpec)
+# ablations that settle a design question at a glance but cost minutes per replay: fewer seeds
+FEW_SEEDS = ("gp", "tpe-constraints", "tpe-repeats")
 
 
 @dataclass
@@ -66,6 +69,7 @@ class Table:
     params: dict[str, int]
 
     @classmethod
+    @functools.lru_cache(maxsize=4)  # once per worker process
     def load(cls, name: str, data: Path = ROOT / "bench" / "data") -> "Table":
         space = load_space(ROOT / TABLES[name])
         frame = read_table(Path(data) / f"{name}.csv.gz")
@@ -203,7 +207,7 @@ def kendall(table: Table, bins: int = 3) -> dict[int, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=20)
-    parser.add_argument("--gp-seeds", type=int, default=5, help="GPSampler is slow (minutes per replay): fewer seeds for it")
+    parser.add_argument("--few-seeds", type=int, default=5, help=f"seeds of the slow ablations {', '.join(FEW_SEEDS)}")
     parser.add_argument("--gp-last", type=float, default=0.25, help="GPSampler stops at this fraction of the grid")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--tables", default=",".join(TABLES))
@@ -214,8 +218,8 @@ def main() -> None:
     tables = {name: Table.load(name, Path(args.data)) for name in args.tables.split(",")}
     names = args.samplers.split(",") if args.samplers else list(samplers(next(iter(tables.values())), 0))
     jobs = [(t, s, seed, False, args.data, args.gp_last if s == "gp" else FRACTIONS[-1])
-            for t in tables for s in names for seed in range(args.gp_seeds if s == "gp" else args.seeds)]
-    jobs.sort(key=lambda job: job[1] != "gp")  # the slow ones first, so the pool ends together
+            for t in tables for s in names for seed in range(args.few_seeds if s in FEW_SEEDS else args.seeds)]
+    jobs.sort(key=lambda job: job[1] not in FEW_SEEDS)  # the slow ones first, so the pool ends together
     jobs += [(t, DEFAULT, seed, True, args.data, FRACTIONS[-1]) for t in tables for seed in range(args.seeds)]
     with ProcessPoolExecutor(args.jobs) as pool:
         results = list(pool.map(replay, *zip(*jobs), chunksize=1))

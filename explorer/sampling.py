@@ -51,13 +51,14 @@ class Encoding:
     def __init__(self, space: SearchSpace):
         self.space = space
         self.configs: list[Config] = space.configs()
+        self.keys: list[str] = [c.key for c in self.configs]
         self.dims = space.free_dims
         values = {d: sorted({c[d] for c in self.configs}, key=_order) for d in self.dims}
         self.ordered: dict[str, BaseDistribution] = {d: _distribution(d, v) for d, v in values.items()}
         self.modelled: dict[str, BaseDistribution] = self.ordered  # the parameters a sampler models
-        self.distributions: dict[str, BaseDistribution] = {**self.ordered, ARCH: CategoricalDistribution([c.key for c in self.configs])}
+        self.distributions: dict[str, BaseDistribution] = {**self.ordered, ARCH: CategoricalDistribution(self.keys)}
         self._by_params = {tuple(c[d] for d in self.dims): c for c in self.configs}
-        self._by_key = {c.key: c for c in self.configs}
+        self._by_key = dict(zip(self.keys, self.configs))
         # (configs, dims) in [0, 1], for the repair step's distances and the GP's features
         self.unit = np.array([self.to_unit(c.dims) for c in self.configs])
 
@@ -211,7 +212,7 @@ class FeasibleSampler(BaseSampler):
 def _untaken(encoding: Encoding, study: optuna.Study, number: int) -> np.ndarray:
     """A mask over the encoding's configurations: untaken ones, or all when every one is taken."""
     used = taken(encoding, study, number)
-    allowed = np.array([c.key not in used for c in encoding.configs])
+    allowed = np.array([k not in used for k in encoding.keys])
     return allowed if allowed.any() else np.ones(len(allowed), dtype=bool)
 
 
@@ -253,7 +254,7 @@ class BudgetSampler(BaseSampler):
         if fixed is not None:  # a queued configuration: the rest follows it
             return enc.params(fixed)
         allowed = _untaken(enc, study, trial.number)
-        index = {c.key: i for i, c in enumerate(enc.configs)}
+        index = {k: i for i, k in enumerate(enc.keys)}
         seen = [(index[k], t.values[self.metric]) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                 if (k := enc.key_of(t)) in index and t.values is not None and math.isfinite(t.values[self.metric])]
         if len({i for i, _ in seen}) < self.n_startup:
