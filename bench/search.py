@@ -17,7 +17,8 @@ evaluation. At 10%, 25% and 50% of the grid's evaluations it prints, as means ov
 
 with ratios against Optuna's RandomSampler over `arch`. Then the same default sampler with and
 without pruning within parameter bins (explorer.pruning, replayed on the per-epoch curves): epochs
-spent and regret at equal evaluations. Last, from the tables alone: Kendall's tau between the ranking
+spent to reach (within 10%) the regret the unpruned run has after 10/25/50% of the grid, and the
+regret of each at equal epochs. Last, from the tables alone: Kendall's tau between the ranking
 after e epochs and after all epochs, within parameter bins, the evidence both short runs and
 pruning rest on.
 """
@@ -142,9 +143,15 @@ def replay(table_name: str, sampler: str, seed: int, prune: bool, data: str, las
     first: dict[str, list[float]] = {}  # the first answer given for each configuration
     measured: dict[str, float] = {}  # complete (not pruned) configurations' measured metric
     peers: list[Peer] = []
-    epochs, asks, out = 0, 0, {}
+    epochs, asks, out, trace = 0, 0, {}, []
+    full = len(next(iter(table.replicates.values()))[0][1])  # epochs of an unpruned run
     start = time.perf_counter()
-    while len(first) < marks[-1] and asks < ASKS_PER_EVAL * marks[-1]:
+
+    def more() -> bool:  # a pruned run goes on until it spent the epochs the unpruned one spends at the last mark
+        enough = epochs >= full * marks[-1] if prune else len(first) >= marks[-1]
+        return not enough and len(first) < n and asks < ASKS_PER_EVAL * marks[-1] * (full if prune else 1)
+
+    while more():
         asks += 1
         trial = study.ask()
         if sampler == "tpe-constraints":
@@ -178,13 +185,24 @@ def replay(table_name: str, sampler: str, seed: int, prune: bool, data: str, las
         else:
             measured[key] = metric
             study.tell(trial, [metric, cfg.params])
-        if len(first) in marks:
+        if sampler == DEFAULT:
+            trace.append((epochs, table.regret(measured)))
+        if len(first) in marks and len(first) not in out:
             out[len(first)] = {"regret": table.regret(measured), "hv": table.hypervolume(list(measured)), "epochs": epochs,
                                "asks": asks}
     for m in marks:  # a sampler that ran out of asks keeps its last state
         out.setdefault(m, {"regret": table.regret(measured), "hv": table.hypervolume(list(measured)), "epochs": epochs, "asks": asks})
-    return {"table": table_name, "sampler": sampler, "seed": seed, "prune": prune, "marks": out,
-            "seconds": time.perf_counter() - start}
+    return {"table": table_name, "sampler": sampler, "seed": seed, "prune": prune, "marks": out, "trace": trace,
+            "seconds": time.perf_counter() - start, "full": full, "empty": table.regret({})}
+
+
+def _regret_at(results: list[dict], epochs: float) -> float:
+    """Mean over seeds of the regret after the last evaluation finished within `epochs`."""
+    out = []
+    for r in results:
+        within = [reg for e, reg in r["trace"] if e <= epochs]
+        out.append(within[-1] if within else r["empty"])
+    return float(np.mean(out))
 
 
 def kendall(table: Table, bins: int = 3) -> dict[int, float]:
@@ -258,11 +276,14 @@ def _print_table(table: Table, results: list[dict], names: list[str]) -> None:
     pruned = [r for r in results if r["prune"] and r["sampler"] == DEFAULT]
     unpruned = [r for r in plain if r["sampler"] == DEFAULT]
     if pruned and unpruned:
-        print(f"pruning within 3 parameter bins (median rule, warmup 2, startup 3), {DEFAULT}, at equal evaluations:")
+        full = unpruned[0]["full"]
+        print(f"pruning within 3 parameter bins (median rule, warmup 2, startup 3), {DEFAULT}, {len(pruned)} seeds:")
         for m in marks:
-            e0, e1 = stats(unpruned, m, "epochs")[0], stats(pruned, m, "epochs")[0]
-            r0, r1 = stats(unpruned, m, "regret")[0], stats(pruned, m, "regret")[0]
-            print(f"  @{m:<4} epochs {e0:7.1f} -> {e1:7.1f} ({e1 / e0:.2f}x)   regret {r0:5.2f} -> {r1:5.2f} points")
+            spent = full * m  # what the unpruned run spends on m evaluations
+            r0, r1 = _regret_at(unpruned, spent), _regret_at(pruned, spent)
+            reach = next((e for e in range(1, spent + 1) if _regret_at(pruned, e) <= 1.1 * r0), None)
+            saved = f"{reach} epochs ({reach / spent:.2f}x)" if reach else "not within them"
+            print(f"  {spent:5} epochs (@{m}): regret {r0:5.2f} unpruned, {r1:5.2f} pruned; pruned reaches 1.1x the unpruned regret in {saved}")
     taus = kendall(table)
     print("Kendall's tau, ranking after e epochs vs all epochs, mean over 3 parameter bins: "
           + ", ".join(f"e={e}: {t:.2f}" for e, t in taus.items()))
