@@ -149,7 +149,7 @@ def encoding_of(space: SearchSpace, study: optuna.Study | None = None) -> Encodi
     return Encoding(space)
 
 
-def taken(encoding: Encoding, study: optuna.Study, number: int | None = None) -> set[str]:
+def _taken(encoding: Encoding, study: optuna.Study, number: int | None = None) -> set[str]:
     """Keys of configurations no new trial should take: complete, pruned, running, queued, or failed by
     the trial itself (a trial failed by its worker's death is retried: it does not count)."""
     out = set()
@@ -211,7 +211,7 @@ class FeasibleSampler(BaseSampler):
 
 def _untaken(encoding: Encoding, study: optuna.Study, number: int) -> np.ndarray:
     """A mask over the encoding's configurations: untaken ones, or all when every one is taken."""
-    used = taken(encoding, study, number)
+    used = _taken(encoding, study, number)
     allowed = np.array([k not in used for k in encoding.keys])
     return allowed if allowed.any() else np.ones(len(allowed), dtype=bool)
 
