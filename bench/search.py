@@ -249,7 +249,8 @@ def main() -> None:
 def _print_table(table: Table, results: list[dict], names: list[str]) -> None:
     n = len(table.params)
     sd = np.median([np.std([m for m, _ in r], ddof=1) for r in table.replicates.values() if len(r) > 1])
-    seeds = len(next(iter(table.replicates.values())))
+    counts = sorted({len(r) for r in table.replicates.values()})
+    seeds = f"{counts[0]}-{counts[-1]}" if len(counts) > 1 else str(counts[0])
     print(f"\n== {table.name}: {n} configurations x {seeds} seeds; median replicate sd {100 * sd:.2f} points ==")
     marks = sorted(next(iter(results))["marks"])
     head = "".join(f"  {'regret@' + str(m):>14} {'x rnd':>5} {'HV@' + str(m):>6}" for m in marks)
