@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import sys
 import time
+import typing
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
+import numpy as np
+import pandas as pd
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -28,25 +33,44 @@ class Format(str, Enum):
 
 
 def _print_frame(frame, fmt: Format, title: str | None = None) -> None:
-    """A pandas frame as a rich table, CSV or JSON on stdout."""
+    """A pandas frame as a rich table, CSV or JSON on stdout.
+
+    In a table no number is ever cut short: a numeric column is at least as wide as its longest value
+    and never wraps; long text folds onto more lines. A table that still does not fit the terminal
+    is printed wider than it (the terminal wraps it, or a pager scrolls it): never with `5.995e+…`.
+    """
     if fmt is Format.csv:
         sys.stdout.write(frame.to_csv(index=False))
     elif fmt is Format.json:
         sys.stdout.write(frame.to_json(orient="records", indent=1) + "\n")
     else:
         table = Table(title=title)
-        for col in frame.columns:
-            table.add_column(str(col), justify="right" if frame[col].dtype.kind in "iuf" else "left")
-        for row in frame.itertuples(index=False):
-            table.add_row(*(_cell(v) for v in row))
-        out.print(table)
+        cells = [[_cell(v) for v in row] for row in frame.itertuples(index=False)]
+        for i, col in enumerate(frame.columns):
+            if frame[col].dtype.kind in "iuf":
+                longest = max((len(row[i]) for row in cells), default=1)
+                table.add_column(str(col), justify="right", no_wrap=True, min_width=longest)
+            else:
+                table.add_column(str(col), overflow="fold")
+        for row in cells:
+            table.add_row(*row)
+        needed = Console(width=UNLIMITED).measure(table).minimum
+        (out if needed <= out.width else Console(width=needed)).print(table)
+
+
+UNLIMITED = 100_000  # columns: a console this wide measures a table's own minimum width
 
 
 def _cell(value) -> str:
-    if isinstance(value, float):
+    """A value as a table shows it: 4 significant digits, thousands separated, blank where missing."""
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, (bool, np.bool_)):
+        return str(value)
+    if isinstance(value, numbers.Integral):
+        return f"{value:,}" if abs(value) >= 10_000 else str(value)
+    if isinstance(value, numbers.Real):
         return f"{value:.4g}"
-    if isinstance(value, int) and abs(value) >= 10_000:
-        return f"{value:,}"
     return str(value)
 
 
@@ -64,10 +88,12 @@ def params(
 ) -> None:
     """Count parameters exactly: every feasible configuration of a space, or one configuration."""
     import pandas as pd
+    from pydantic import ValidationError
 
     from explorer.families import get_family
     from explorer.space import load_space
     from explorer.units import format_count
+    from explorer.yamlio import first_error
 
     if space is not None:
         sp = load_space(space)
@@ -88,8 +114,9 @@ def params(
         given[name] = _scalar(value)
     try:
         dims = fam.check({**fam.defaults(), **given}).model_dump()
-    except Exception as e:  # pydantic's message, first line
-        raise ExplorerError(str(e).splitlines()[1] if len(str(e).splitlines()) > 1 else str(e), field=family) from None
+    except ValidationError as e:
+        loc, msg = first_error(e, fam.Dims)
+        raise ExplorerError(msg, source=family, field=".".join(map(str, loc)) or None) from None
     n = fam.params(dims)
     _print_frame(pd.DataFrame([{**given, "params": n, "M": format_count(n), "flops": fam.flops(dims)}]), format,
                  title=f"{family}, counted {fam.counting}")
@@ -108,11 +135,11 @@ def _scalar(text: str):
 def _run(path: Path, *, create: bool, force: bool, executor: str | None, address: str | None,
          reclaim: bool, dashboard: bool) -> None:
     from explorer.executors import get_executor
-    from explorer.study import load_study_spec
+    from explorer.study import MAX_DUPLICATE_RUN, load_study_spec
 
     study = load_study_spec(path)
     if executor:
-        study.spec.executor.name = executor
+        study.spec.executor.name = _executor_name(executor)
     if address:
         study.spec.executor.address = address
     for key, value in study.paths().items():  # every place this run reads or writes, stated up front
@@ -122,19 +149,59 @@ def _run(path: Path, *, create: bool, force: bool, executor: str | None, address
         numbers = study.reclaim_running(ostudy)
         if numbers:
             err.print(f"reclaimed running trials {numbers}: their configurations are queued again")
-    total = study.spec.n_trials
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[front]}"), TimeElapsedColumn(), console=err, transient=False) as bar:
-        task = bar.add_task(study.spec.name, total=total, completed=study.finished(ostudy), front="")
+    if study.spec.sampler.name == "grid" and study.spec.n_trials < len(study.keys):
+        err.print(f"grid of {len(study.keys)} configurations, n_trials {study.spec.n_trials}: trains {study.spec.n_trials} "
+                  "spread over the grid (its queue is in farthest-point order); raise n_trials to run the rest",
+                  markup=False, highlight=False)
+    failed: list[int] = []
+    try:
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("{task.fields[front]}"), TimeElapsedColumn(), console=err, transient=False) as bar:
+            task = bar.add_task(study.spec.name, total=study.spec.n_trials, completed=study.finished(ostudy), front="")
 
-        def on_trial(s, t) -> None:
-            bar.update(task, completed=study.finished(s), front=f"front: {len(s.best_trials)} | last: #{t.number} {t.state.name.lower()}")
+            def on_trial(s, t) -> None:
+                if t.state.name == "FAIL" and "fail_reason" in t.user_attrs:  # one line each; reasons stay in `status`
+                    failed.append(t.number)
+                    bar.console.print(f"trial {t.number} ({t.params.get('arch')}) failed: {t.user_attrs['fail_reason']}",
+                                      markup=False, highlight=False)
+                bar.update(task, completed=study.finished(s), front=f"front: {len(s.best_trials)} | last: #{t.number} {t.state.name.lower()}")
 
-        get_executor(study.spec.executor.name).run(study, ostudy, on_trial)
-    _status(study, ostudy)
+            get_executor(study.spec.executor.name).run(study, ostudy, on_trial)
+    except KeyboardInterrupt:
+        err.print(f"interrupted: every finished trial is stored; continue with: explorer resume {path}", markup=False, highlight=False)
+        raise SystemExit(130) from None
+    _status(study, ostudy, failures=False)  # this run's failures were said as they happened
+    if study.stalled(ostudy):
+        err.print(f"stopped: the sampler proposed only measured configurations {MAX_DUPLICATE_RUN} times in a row",
+                  markup=False, highlight=False)
     if dashboard:
         target = _render([path])
         out.print(f"dashboard: {target}")
+    if failed:
+        raise ExplorerError(f"{len(failed)} trials failed in this run (reasons above and in `explorer status`)", source=str(path))
+
+
+def _executor_name(name: str) -> str:
+    """`--executor`, validated like the YAML's `executor.name`."""
+    from explorer.study import ExecutorSpec
+
+    choices = typing.get_args(ExecutorSpec.model_fields["name"].annotation)
+    if name not in choices:
+        raise ExplorerError(f"{name!r} is not an executor; choose {' or '.join(choices)}", field="--executor")
+    return name
+
+
+def _read(path: Path):
+    """A study and its stored trials for a read-only command; a changed YAML is said in one line."""
+    from explorer.study import load_study_spec
+
+    study = load_study_spec(path)
+    ostudy = study.read()
+    changed = study.changed(ostudy)
+    if changed:
+        err.print(f"note: {path}: {changed.replace('rerun with --force', '`explorer run --force`')}; showing the stored trials",
+                  markup=False, highlight=False)
+    return study, ostudy, changed
 
 
 @app.command()
@@ -163,23 +230,23 @@ def resume(
 
 
 # -- status / export ------------------------------------------------------------------------------------------
-def _status(study, ostudy) -> None:
+def _status(study, ostudy, failures: bool = True) -> None:
     from explorer.frame import trials_frame
     from explorer.pareto import objective_values, pareto_mask
 
     frame = trials_frame(ostudy)
     counts = frame["state"].value_counts().to_dict() if len(frame) else {}
+    duplicates = len(trials_frame(ostudy, duplicates=True)) - len(frame)
     out.print(f"[bold]{study.spec.name}[/]: {study.finished(ostudy)}/{study.spec.n_trials} finished; "
-              + ", ".join(f"{k.lower()} {v}" for k, v in sorted(counts.items())))
+              + ", ".join(f"{k.lower()} {v}" for k, v in sorted(counts.items()))
+              + (f"; {duplicates} proposals of measured configurations answered from storage" if duplicates else ""))
     done = frame[frame["state"] == "COMPLETE"]
-    if "duplicate_of" in done:
-        done = done[done["duplicate_of"].isna()]
     if len(done):
         objs = [(o.name, o.direction) for o in study.objectives]
         front = done[pareto_mask(objective_values(done, objs), [d for _, d in objs])]
         cols = [c for c in ("number", *study.space.free_dims, "params", study.task.metric, "kappa_init_mean", "train_time_s") if c in front]
         _print_frame(front.sort_values("params")[cols], Format.table, title="Pareto front")
-    failed = frame[frame["state"] == "FAIL"]
+    failed = frame[frame["state"] == "FAIL"] if failures else frame.iloc[0:0]
     for row in failed.itertuples():
         if isinstance(row.fail_reason, str):
             out.print(f"trial {row.number} ({row.arch}) failed: {row.fail_reason}", markup=False)
@@ -187,11 +254,9 @@ def _status(study, ostudy) -> None:
 
 @app.command()
 def status(study: Annotated[Path, typer.Argument()]) -> None:
-    """Counts of trials by state and the current Pareto front."""
-    from explorer.study import load_study_spec
-
-    s = load_study_spec(study)
-    _status(s, s.open(create=False, force=True))
+    """Counts of trials by state and the current Pareto front (reads the storage, never writes it)."""
+    s, ostudy, _ = _read(study)
+    _status(s, ostudy)
 
 
 class ExportFormat(str, Enum):
@@ -205,12 +270,11 @@ def export(
     format: Annotated[ExportFormat, typer.Option("--format", "-f")] = ExportFormat.csv,
     out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="default: beside the study YAML")] = None,
 ) -> None:
-    """Write the trials table (one row per trial) with pandas."""
+    """Write the trials table (one row per measurement; duplicates answered from storage left out) with pandas."""
     from explorer.frame import trials_frame
-    from explorer.study import load_study_spec
 
-    s = load_study_spec(study)
-    frame = trials_frame(s.open(create=False, force=True))
+    _, ostudy, _ = _read(study)
+    frame = trials_frame(ostudy)
     target = out_path or study.with_suffix(f".{format.value}")
     if format is ExportFormat.csv:
         frame.to_csv(target, index=False)
@@ -229,11 +293,13 @@ def _render(paths: list[Path], target: Path | None = None) -> Path:
 @app.command()
 def dashboard(
     studies: Annotated[list[Path], typer.Argument(help="one or more study YAMLs (several: compared on one front)")],
-    out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="default: dashboards/<name>.html")] = None,
+    out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="default: dashboards/<name>.html beside the studies/ folder, or beside the study YAML")] = None,
     watch: Annotated[bool, typer.Option(help="re-render every few seconds while a study runs")] = False,
     every: Annotated[float, typer.Option(help="seconds between renders with --watch")] = 5.0,
 ) -> None:
-    """Write one self-contained HTML dashboard (plotly, opens offline)."""
+    """Write one self-contained HTML dashboard (plotly, opens offline); reads the storages, never writes them."""
+    for path in studies:
+        _read(path)  # says if a YAML changed since its study was made
     target = _render(studies, out_path)
     out.print(f"dashboard: {target}")
     while watch:
@@ -253,18 +319,25 @@ def recommend(
     from explorer.recommend import recommend as best
     from explorer.study import load_study_spec
 
-    s = load_study_spec(study)
-    base = s.space.baseline
-    limit = parse_budget(budget, base.params if base else None)
-    ostudy = s.open(create=False, force=True)
+    base = load_study_spec(study).space.baseline
+    limit = parse_budget(budget, base.params if base else None)  # a bad budget is said before the storage is opened
+    s, ostudy, changed = _read(study)
     rec = best(trials_frame(ostudy), limit, base.key if base else None, s.task.metric,
                [(c.key, c.dims, c.params) for c in s.space.configs()], s.task.higher_is_better)
     for line in rec.lines():
         out.print(line, markup=False)
     if verify:
-        for key in rec.verify:
-            ostudy.enqueue_trial({"arch": key}, skip_if_exists=True)
-        out.print(f"queued {len(rec.verify)} configurations; run them with: explorer resume {study}", markup=False)
+        if changed:
+            raise ExplorerError(f"not queued: {changed.removesuffix('; rerun with --force to continue it anyway')}", source=str(study))
+        queued = s.queue_verification(ostudy, list(rec.verify))
+        out.print(f"queued {len(queued)} unmeasured configurations ({'; '.join(queued) or 'none'}); "
+                  f"run them with: explorer resume {study}", markup=False)
+
+
+class RegimeChoice(str, Enum):
+    fixed_width = "fixed-width"
+    fixed_head_dim = "fixed-head-dim"
+    both = "both"
 
 
 @app.command()
@@ -273,10 +346,20 @@ def condition(
     task: Annotated[str, typer.Option(help="task name, e.g. digits")] = "digits",
     option: Annotated[list[str], typer.Option(help="task option NAME=VALUE (repeatable)")] = [],
     seeds: Annotated[int, typer.Option(help="initialisations to average over")] = 3,
+    regime: Annotated[RegimeChoice, typer.Option(
+        help="fixed-width: the space's configurations; fixed-head-dim: each at width heads x --head-dim "
+             "(the theorem's case, where a Gaussian A's κ falls with heads); or both")] = RegimeChoice.fixed_width,
+    head_dim: Annotated[Optional[int], typer.Option(
+        min=1, help="head dimension of the fixed-head-dim sweep (default: the space's largest)")] = None,
     format: Annotated[Format, typer.Option("--format", "-f")] = Format.table,
 ) -> None:
-    """κ(A) of each configuration's attention blocks at initialisation: Theorem 3.2's trend on your data."""
-    from explorer.conditioning import condition_table
+    """κ(A) = σ₁/σ_k of the attention blocks' concatenated head outputs at initialisation, against heads.
+
+    At fixed width, a Gaussian model of A predicts κ independent of heads; the fall measured there
+    comes from near-uniform attention at initialisation (each head's output close to rank one).
+    Only at fixed head dimension does the Gaussian κ fall with heads (Theorem 3.2's setting).
+    """
+    from explorer.conditioning import REGIMES, condition_table
     from explorer.space import load_space
     from explorer.tasks import get_task
 
@@ -287,9 +370,15 @@ def condition(
             raise ExplorerError(f"--option {item!r}: write NAME=VALUE", field="--option")
         options[name] = _scalar(value)
     sp = load_space(space)
-    frame = condition_table(sp, get_task(task, options), seeds=tuple(range(seeds)))
-    cols = [c for c in ("width", "layers", "heads", "head_dim", "params", "kappa", "kappa_first", "kappa_last") if c in frame]
-    _print_frame(frame[cols], format, title=f"κ at initialisation on {task} (geometric mean over blocks and {seeds} seeds)")
+    regimes = REGIMES if regime is RegimeChoice.both else (regime.value,)
+    frame = condition_table(sp, get_task(task, options), seeds=tuple(range(seeds)), regimes=regimes, head_dim=head_dim)
+    cols = ["regime", "width", "layers", "heads", "head_dim", "params", "kappa", "kappa_first", "kappa_last"]
+    cols += [c for c in ("kappa_channel", "kappa_inner") if frame[c].notna().any()]
+    if frame["missing"].map(len).any():  # blocks whose hook never fired, by name
+        frame, cols = frame.assign(missing=frame["missing"].map(", ".join)), [*cols, "missing"]
+    title = (f"κ at initialisation on {task}: token-attention blocks, geometric mean over blocks and {seeds} seeds"
+             " (kappa_channel: channel attention, kappa_inner: TNT's inner attention)")
+    _print_frame(frame[cols], format, title=title)
 
 
 def main() -> None:
@@ -298,7 +387,7 @@ def main() -> None:
 
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar and tables say it
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # the progress bar, one line per failed trial and the tables say it
     warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeats, since Optuna 2.8
     try:
         app(standalone_mode=False)

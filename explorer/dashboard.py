@@ -373,13 +373,24 @@ def render(frames: dict[str, pd.DataFrame], out: Path, meta: dict[str, dict]) ->
     return out
 
 
+def default_output(study_yaml: Path, names: Sequence[str]) -> Path:
+    """Where a dashboard goes without `--out`: relative to the (first) study file, like every path.
+
+    A study in the repository's `studies/` folder writes `../dashboards/NAME.html` (the `dashboards/`
+    beside it); a study elsewhere writes `dashboards/NAME.html` in its own folder.
+    """
+    folder = Path(study_yaml).resolve().parent
+    root = folder.parent if folder.name == "studies" else folder
+    return root / "dashboards" / ("+".join(names) + ".html")
+
+
 def render_studies(paths: Sequence[str | Path], out: Path | None = None) -> Path:
-    """Render study YAMLs from their storages (`explorer dashboard`); default dashboards/<names>.html."""
+    """Render study YAMLs from their storages, read only (`explorer dashboard`); default: `default_output`."""
     frames, meta = {}, {}
     for path in paths:
         study = load_study_spec(path)
         name = study.spec.name
-        frames[name] = trials_frame(study.open(create=False, force=True))
+        frames[name] = trials_frame(study.read())
         meta[name] = {
             "baseline": study.space.baseline.key if study.space.baseline else None,
             "objectives": [(o.name, o.direction) for o in study.objectives],
@@ -387,4 +398,4 @@ def render_studies(paths: Sequence[str | Path], out: Path | None = None) -> Path
             "higher_is_better": study.task.higher_is_better,
             "space": study.space.name,
         }
-    return render(frames, out or Path("dashboards") / ("+".join(frames) + ".html"), meta)
+    return render(frames, out or default_output(Path(paths[0]), list(frames)), meta)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
+# what pydantic appends to each error in `str(ValidationError)`: for a developer, not for the user
+_PYDANTIC_TAIL = re.compile(r"\s*\[type=\w+(?:, input_value=.*?, input_type=\w+)?\]|\s*For further information visit https://errors\.pydantic\.dev\S*")
+
 
 def one_line(text: str) -> str:
     """`text` with line breaks and other control characters escaped, as `repr` would write them.
@@ -12,6 +17,11 @@ def one_line(text: str) -> str:
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
+def without_pydantic_tail(text: str) -> str:
+    """`text` without pydantic's `[type=..., input_value=..., input_type=...]` and documentation link."""
+    return _PYDANTIC_TAIL.sub("", text)
+
+
 class ExplorerError(Exception):
     """A user-facing error: the CLI prints `str(err)` as one line and exits non-zero."""
 
@@ -19,6 +29,7 @@ class ExplorerError(Exception):
         self.source = source
         self.field = field
         where = ": ".join(part for part in (source, field) if part)
+        message = without_pydantic_tail(message)
         super().__init__(one_line(f"{where}: {message}" if where else message))
 
 

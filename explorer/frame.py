@@ -33,8 +33,12 @@ def _scalar(value: Any) -> bool:
     )
 
 
-def trials_frame(study: optuna.Study) -> pd.DataFrame:
+def trials_frame(study: optuna.Study, duplicates: bool = False) -> pd.DataFrame:
     """One row per trial; the metric column is named by the study's `metric` user attr.
+
+    Trials a sampler proposed again and explorer answered from storage (`duplicate_of`) are left out
+    unless `duplicates`: they are no new measurement, and every consumer (status, export, fronts,
+    recommendations, dashboards) counts distinct measurements.
 
     `curve` is the per-epoch metric: the trial's intermediate values by step, else its `curve`
     user attr (a study without a pruner may store only that).
@@ -47,6 +51,8 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     rows = []
     for trial in study.get_trials(deepcopy=False):
         attrs = trial.user_attrs
+        if "duplicate_of" in attrs and not duplicates:
+            continue
         row: dict[str, Any] = {name: attrs.get(name) for name in head}
         row.update(
             number=trial.number,
@@ -64,4 +70,18 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     frame = frame[head + extra]
     numeric = [*DIMS, "params", "flops", metric, "kappa_init_mean", "kappa_final_mean", "train_time_s"]
     frame[numeric] = frame[numeric].apply(pd.to_numeric, errors="coerce")
-    return frame.sort_values("number", ignore_index=True)
+    return nullable_ints(frame, ["number", *DIMS, "params", "flops"]).sort_values("number", ignore_index=True)
+
+
+def nullable_ints(frame: pd.DataFrame, names: list[str]) -> pd.DataFrame:
+    """`frame` with the named columns as pandas' nullable Int64 where every value present is whole.
+
+    A WAITING or failed trial has no parameter count; with NaN the whole column would turn float
+    (`69120.0` in CSV, `6.912e+04` in tables). Int64 keeps the counts integers and the gap empty.
+    """
+    out = frame.copy()
+    for name in names:
+        values = out[name].dropna()
+        if pd.api.types.is_numeric_dtype(out[name]) and ((values % 1) == 0).all():
+            out[name] = out[name].astype("Int64")
+    return out

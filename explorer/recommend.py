@@ -81,13 +81,18 @@ class Surface:
 
 
 def fit_surface(df: pd.DataFrame, width: int, metric: str = "accuracy") -> Surface | None:
-    """Fit on the completed trials at `width`; None when they cannot pin the surface down."""
-    rows = df[(df["state"] == "COMPLETE") & (df["width"] == width)].dropna(subset=[metric, "layers", "heads"])
+    """Fit on the completed measurements at `width`; None when they cannot pin the surface down.
+
+    Trials answered from storage (`duplicate_of`) are no measurement and are dropped; the surface
+    needs two more distinct configurations than it has coefficients.
+    """
+    rows = _measurements(df)
+    rows = rows[rows["width"] == width].dropna(subset=[metric, "layers", "heads"])
     uses_mlp = rows["mlp"].nunique() > 1
     x = Surface.features(rows["layers"], rows["heads"], rows["mlp"], uses_mlp)
     y = rows[metric].to_numpy(float)
     p = x.shape[1]
-    if len(y) < p + 2 or np.linalg.matrix_rank(x) < p:
+    if rows["arch"].nunique() < p + 2 or np.linalg.matrix_rank(x) < p:
         return None
     coef, *_ = np.linalg.lstsq(x, y, rcond=None)
     dof = len(y) - p
@@ -145,6 +150,12 @@ class Recommendation:
             )
         out.append("verify around it: " + "; ".join(self.verify))
         return out
+
+
+def _measurements(df: pd.DataFrame) -> pd.DataFrame:
+    """Completed trials that measured something: not duplicates answered from storage."""
+    done = df[df["state"] == "COMPLETE"]
+    return done[done["duplicate_of"].isna()] if "duplicate_of" in done else done
 
 
 def _dims(row: dict[str, Any], name: str) -> int | None:
@@ -217,7 +228,7 @@ def recommend(
     trial measured are the ones the fitted surface may predict.
     """
     sign = 1.0 if higher_is_better else -1.0
-    done = df[(df["state"] == "COMPLETE")].dropna(subset=[metric, "params"])
+    done = _measurements(df).dropna(subset=[metric, "params"])
     inside = done[done["params"] <= budget]
     measured: dict[str, Any] | None = None
     if len(inside):  # ties: fewer params, then the earlier trial

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from explorer.errors import ExplorerError
 from explorer.families import Family, get_family
 from explorer.units import parse_count
-from explorer.yamlio import load_model
+from explorer.yamlio import clean_message, first_error, load_model
 
 Scalar = int | float | str | bool
 CANONICAL = ("layers", "heads", "width", "mlp")
@@ -49,11 +49,22 @@ class Range(BaseModel):
 
 
 class Constraints(BaseModel):
+    """`heads_divide_width` may only be true: every family splits the width evenly among the heads,
+    so false could not admit a single extra configuration (it is kept so that YAML stating it, and
+    the fingerprints of stored studies, stay valid)."""
+
     model_config = ConfigDict(extra="forbid")
     fixed_mlp: bool = True
     heads_divide_width: bool = True
     min_head_dim: int = Field(1, ge=1)
     param_budget: tuple[int | None, int | None] = (None, None)
+
+    @field_validator("heads_divide_width")
+    @classmethod
+    def _always(cls, value: bool) -> bool:
+        if not value:
+            raise ValueError("every family needs heads to divide the width; remove the line or set it true")
+        return value
 
     @field_validator("param_budget", mode="before")
     @classmethod
@@ -91,9 +102,8 @@ class SpaceSpec(BaseModel):
                 try:
                     out[key] = Range.model_validate(values)
                 except ValidationError as err:
-                    first = err.errors()[0]
-                    where = ".".join(map(str, first["loc"]))
-                    raise ValueError(f"{key}{'.' + where if where else ''}: {first['msg'].removeprefix('Value error, ')}") from None
+                    loc, msg = first_error(err, Range)
+                    raise ValueError(".".join(map(str, (key, *loc))) + f": {msg}") from None
             elif isinstance(values, list) and values and all(isinstance(v, (int, float, str, bool)) for v in values):
                 out[key] = values
             elif isinstance(values, list):
@@ -164,7 +174,8 @@ class SearchSpace:
             try:
                 TypeAdapter(fields[key].annotation).validate_python(value, strict=True)
             except ValidationError as err:
-                raise self._error(err.errors()[0]["msg"], f"fixed.{key}") from None
+                raise self._error(first_error(err)[1], f"fixed.{key}") from None
+        self._check_fixed_values()
         if spec.free.get("heads") == "divisors" and "width" not in spec.fixed and "width" not in spec.free:
             if "width" not in self.family.defaults():
                 raise self._error("'divisors' needs a width", "free.heads")
@@ -172,6 +183,22 @@ class SearchSpace:
             unknown = set(spec.baseline) - set(spec.free)
             if unknown:
                 raise self._error(f"{sorted(unknown)[0]!r} is not a free dimension", "baseline")
+
+    def _check_fixed_values(self) -> None:
+        """Name a fixed value the family rejects whatever the free ones are (a timm `model` of another
+        family, a typo, a width of 0), instead of reporting only that every configuration is infeasible.
+
+        The family validates one probe configuration (each free dimension at its first value); an
+        error located at a fixed field is that field's alone, since families check the combination of
+        fields in model validators, which report no field.
+        """
+        first = {k: 1 if v == "divisors" else v.min if isinstance(v, Range) else v[0] for k, v in self.spec.free.items()}
+        try:
+            self.family.check({**self.family.defaults(), **self.spec.fixed, **first})
+        except ValidationError as err:
+            for e in err.errors():
+                if len(e["loc"]) == 1 and e["loc"][0] in self.spec.fixed:
+                    raise self._error(clean_message(e["msg"]), f"fixed.{e['loc'][0]}") from None
 
     @property
     def free_dims(self) -> tuple[str, ...]:
@@ -193,9 +220,11 @@ class SearchSpace:
         """Every combination of free values, fixed and default dims filled in, in a stable order."""
         base = {**self.family.defaults(), **self.spec.fixed}
         order = [k for k in self.free_dims if k != "heads"]  # heads may depend on width
-        count = math.prod(_count(self.spec.free[k]) for k in order)
-        if count > MAX_CANDIDATES:  # checked before enumerating: a typo like max: 100000000 must not hang
-            raise self._error(f"{count:,} combinations of free values; at most {MAX_CANDIDATES:,} (narrow a range or raise its step)", "free")
+        self._guard(math.prod(_count(self.spec.free[k]) for k in order))  # before listing anything
+        if "heads" in self.spec.free:  # then every free dimension's product, heads included
+            widths = self._values("width", None) if "width" in self.spec.free else [base.get("width")]
+            per_width = sum(len(self._values("heads", w)) for w in widths)
+            self._guard(math.prod(_count(self.spec.free[k]) for k in order if k != "width") * per_width)
         out = []
         for combo in itertools.product(*(self._values(k, None) for k in order)):
             dims = {**base, **dict(zip(order, combo))}
@@ -206,6 +235,12 @@ class SearchSpace:
                 out.append(dims)
         return out
 
+    def _guard(self, count: int) -> None:
+        """Refuse more than MAX_CANDIDATES combinations before enumerating them: a typo like
+        `max: 100000000` must be an error, not a hang."""
+        if count > MAX_CANDIDATES:
+            raise self._error(f"{count:,} combinations of free values; at most {MAX_CANDIDATES:,} (narrow a range or raise its step)", "free")
+
     def _violations(self, dims: dict[str, Scalar]) -> tuple[list[tuple[str, str]], int | None]:
         """(constraint, message) for each broken constraint, and the parameter count when it was needed."""
         c = self.spec.constraints
@@ -213,16 +248,15 @@ class SearchSpace:
         width, heads = dims.get("width"), dims.get("heads")
         if isinstance(width, int) and isinstance(heads, int) and heads > 0:
             if width % heads:
-                if c.heads_divide_width:
-                    found.append(("heads_divide_width", f"heads={heads} does not divide width={width}"))
+                found.append(("heads_divide_width", f"heads={heads} does not divide width={width}"))
             elif width // heads < c.min_head_dim:
                 found.append(("min_head_dim", f"head dim {width // heads} < min_head_dim {c.min_head_dim}"))
         if not found:
             try:
                 self.family.check(dims)
             except ValidationError as err:
-                first = err.errors()[0]
-                found.append(("dims", f"{'.'.join(map(str, first['loc'])) or 'dims'}: {first['msg']}"))
+                loc, msg = first_error(err, self.family.Dims)
+                found.append(("dims", f"{'.'.join(map(str, loc)) or 'dims'}: {msg}"))
         if found:
             return found, None
         params = self.family.params(dims)
@@ -238,23 +272,27 @@ class SearchSpace:
         return [msg for _, msg in self._violations(dims)[0]]
 
     @cached_property
-    def _enumerated(self) -> tuple[list[Config], Counter]:
-        feasible, rejected = [], Counter()
+    def _enumerated(self) -> tuple[list[Config], Counter, dict[str, str]]:
+        """Feasible configurations, rejections counted by constraint, and one example message each."""
+        feasible, rejected, example = [], Counter(), {}
         free = self.free_dims
         for dims in self._candidates():
             violations, params = self._violations(dims)
             if violations:
-                rejected[violations[0][0]] += 1
+                reason, message = violations[0]
+                rejected[reason] += 1
+                example.setdefault(reason, f"{','.join(f'{k}={dims[k]}' for k in free)}: {message}")
             else:
                 feasible.append(Config(self.spec.family, tuple(dims.items()), free, params))
-        return feasible, rejected
+        return feasible, rejected, example
 
     def configs(self) -> list[Config]:
-        """The feasible configurations; an ExplorerError when there are none."""
-        feasible, rejected = self._enumerated
+        """The feasible configurations; an ExplorerError saying why when there are none."""
+        feasible, rejected, example = self._enumerated
         if not feasible:
             why = ", ".join(f"{n} rejected by {r}" for r, n in rejected.most_common()) or "nothing to enumerate"
-            raise self._error(f"no feasible configuration ({why})", "free")
+            first = f"; e.g. {example[rejected.most_common(1)[0][0]]}" if rejected else ""
+            raise self._error(f"no feasible configuration ({why}){first}", "free")
         return feasible
 
     def config(self, key: str) -> Config:

@@ -6,9 +6,8 @@ learning curve live there, so a study resumes, exports and renders from it at an
 
 from __future__ import annotations
 
-import contextlib
+import random
 import re
-import shutil
 import time
 import warnings
 from collections.abc import Callable
@@ -17,16 +16,19 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import optuna
 import sqlalchemy
 import sqlalchemy.exc
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from explorer.conditioning import geometric_mean
+from explorer import checkpoints
+from explorer.conditioning import kappa_attrs, space_regime
 from explorer.errors import ExplorerError, TrialFailed
 from explorer.pruning import BinnedPruner, Peer, bin_edges
 from explorer.sampling import BudgetSampler, Encoding, FeasibleSampler, encoding_of
 from explorer.space import Config, SearchSpace, load_space
+from explorer.sqlite_storage import SQLiteStorage, reading
 from explorer.tasks import Task, get_task
 from explorer.train import Budget, TrialResult, run_trial
 from explorer.watchdog import time_limit
@@ -34,6 +36,7 @@ from explorer.yamlio import load_model
 
 OBJECTIVE_NAMES = ("params", "flops", "train_time_s")  # besides the task's metrics
 MAX_WORKER_DEATHS = 5  # a grid configuration whose trial died with its worker this often is not queued again
+MAX_DUPLICATE_RUN = 200  # the sampler proposed only measured configurations this often in a row: the study stops
 # what a failing storage raises: SQLAlchemy (RDB), Optuna's wrapper of it, OS errors (journal file)
 STORAGE_ERRORS = (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, OSError)
 _OBJECTIVE = re.compile(r"^(maximize|minimize)\s+(\w+)$")
@@ -222,7 +225,7 @@ class Study:
             for attempt in range(5):
                 try:  # heartbeats are "experimental" in Optuna since 2.8: say nothing about it on every open
                     with warnings.catch_warnings(action="ignore", category=optuna.exceptions.ExperimentalWarning):
-                        storage = optuna.storages.RDBStorage(
+                        storage = (SQLiteStorage if sqlite else optuna.storages.RDBStorage)(
                             url,
                             engine_kwargs={"connect_args": {"timeout": self.spec.storage_timeout_s}} if sqlite else None,
                             heartbeat_interval=self.spec.heartbeat_s,
@@ -234,8 +237,6 @@ class Study:
                     if attempt == 4:
                         raise
                     time.sleep(0.2 * (attempt + 1))
-            if sqlite:
-                _serialize_sqlite(storage.engine)
             return storage
         except Exception as err:  # sqlalchemy/OS errors vary by backend; all mean "cannot open"
             raise self.storage_error(err, "cannot open") from None
@@ -279,17 +280,13 @@ class Study:
         return [cfg.key for cfg in self.space.configs()]
 
     def open(self, *, create: bool = True, force: bool = False) -> optuna.Study:
-        """Create the Optuna study or load the existing one; several workers may open it at once.
+        """Create the Optuna study or load the existing one, to run it; several workers may open it at once.
 
         An existing study whose space, task or objectives differ is refused unless `force`: its stored
         trials would silently mix two questions. A grid study queues every feasible configuration as a
         WAITING trial when it is created: workers pop queued trials atomically, so none is run twice.
         """
-        file = self.storage_file()
-        if not create and file is not None and not file.exists():  # loading must not create an empty file
-            raise ExplorerError(f"no study {self.spec.name!r} yet: {file} does not exist (start it with `explorer run`)",
-                                source=str(self.source), field="storage")
-        storage = self.storage()
+        storage = self._existing_storage() if not create else self.storage()
         directions = [o.direction for o in self.objectives]
         kwargs = dict(study_name=self.spec.name, storage=storage, sampler=self.sampler())
         try:
@@ -310,6 +307,37 @@ class Study:
             raise self.storage_error(err, "cannot open") from None
         return study
 
+    def read(self) -> optuna.Study:
+        """The stored study, to read: nothing is written (no identity, no queue, no file).
+
+        `status`, `export`, `recommend` and `dashboard` use this; `changed` says whether the YAML
+        still describes the stored study.
+        """
+        storage = self._existing_storage()
+        try:
+            return optuna.load_study(study_name=self.spec.name, storage=storage)
+        except KeyError:
+            raise ExplorerError(f"no study {self.spec.name!r} in {_shown(self.storage_url)}", source=str(self.source)) from None
+        except STORAGE_ERRORS as err:
+            raise self.storage_error(err, "cannot open") from None
+
+    def _existing_storage(self) -> optuna.storages.BaseStorage:
+        """The storage of a study that must exist already: loading must not create an empty file."""
+        file = self.storage_file()
+        if file is not None and not file.exists():
+            raise ExplorerError(f"no study {self.spec.name!r} yet: {file} does not exist (start it with `explorer run`)",
+                                source=str(self.source), field="storage")
+        return self.storage()
+
+    def changed(self, study: optuna.Study) -> str | None:
+        """One line saying how this YAML differs from what the stored study was made with, or None."""
+        stored = study.user_attrs.get("identity")
+        identity = self.identity()
+        if stored is None or stored == identity:
+            return None
+        fields = sorted(k for k in identity if identity[k] != stored.get(k))
+        return f"the stored study was made with another {', '.join(fields)}; rerun with --force to continue it anyway"
+
     def _check_identity(self, study: optuna.Study, created: bool, force: bool) -> None:
         """Record what the study answers (its creator does, after queueing a grid) or check it matches."""
         identity = self.identity()
@@ -322,6 +350,7 @@ class Study:
             if [d.name.lower() for d in study.directions] != [o.direction for o in self.objectives]:
                 raise ExplorerError("the stored study has other objectives", source=str(self.source), field="objectives")
             self.queue_grid(study)
+            study.set_metric_names([o.name for o in self.objectives])  # optuna-dashboard and optuna.visualization label them
             for key, value in {**identity, "encoding": self.encoding().name, "spec": self.spec.model_dump(mode="json"), "space": self.space.to_dict(),
                                "baseline": self.space.baseline.key if self.space.baseline else None,
                                "metric": self.task.metric, "higher_is_better": self.task.higher_is_better,
@@ -329,17 +358,19 @@ class Study:
                 study.set_user_attr(key, value)
             study.set_user_attr("identity", identity)  # last: other workers wait for it
             return
-        if stored != identity:
-            changed = sorted(k for k in identity if identity[k] != stored.get(k))
+        changed = self.changed(study)
+        if changed:
             if not force:
-                raise ExplorerError(f"the stored study was made with another {', '.join(changed)}; rerun with --force to continue it anyway",
-                                    source=str(self.source))
+                raise ExplorerError(changed, source=str(self.source))
             study.set_user_attr("identity", identity)
+            study.set_metric_names([o.name for o in self.objectives])
             self.queue_grid(study)  # a forced new space: queue its configurations no trial has taken
 
     def queue_grid(self, study: optuna.Study) -> list[str]:
-        """Enqueue each feasible configuration no trial has taken yet (grid studies only).
+        """Enqueue each feasible configuration no trial has taken yet (grid studies only), spread first.
 
+        The queue is in `spread_order`, so a study whose n_trials is below the grid's size trains a
+        prefix that covers the space, not the first keys in lexicographic order (all at depth 1).
         Called by the study's creator before it records the identity, so other workers find the queue
         full; only after `--force` with a new space may two workers queue the same configuration at
         once, and then the later copy is answered from storage (or waited for while it trains).
@@ -347,7 +378,9 @@ class Study:
         if self.spec.sampler.name != "grid":
             return []
         taken = {t.system_attrs.get("fixed_params", t.params).get("arch") for t in study.get_trials(deepcopy=False)}
-        missing = [key for key in self.keys if key not in taken]
+        free = self.space.free_dims
+        ordered = [self.keys[i] for i in spread_order([[cfg.dims[d] for d in free] for cfg in self.configs.values()])]
+        missing = [key for key in ordered if key not in taken]
         for key in missing:
             study.enqueue_trial({"arch": key})
         return missing
@@ -371,7 +404,7 @@ class Study:
         if not isinstance(rdb, optuna.storages.RDBStorage) or rdb.heartbeat_interval is None:
             return
         grace = rdb.grace_period or 2 * rdb.heartbeat_interval
-        with rdb.engine.connect() as connection:
+        with reading(), rdb.engine.connect() as connection:
             beating = {row[0] for row in connection.execute(sqlalchemy.text("SELECT trial_id FROM trial_heartbeats"))}
         now = datetime.now()  # Optuna stamps datetime_start with the worker's local clock, as here
         callback = storage.get_heartbeat_stale_trial_callback()
@@ -427,9 +460,15 @@ class Study:
         """
         return self.encoding(trial.study if not hasattr(self, "_encoding") else None).suggest(trial)
 
-    def checkpoint_dir(self, cfg: Config) -> Path:
-        safe = re.sub(r"[^A-Za-z0-9._-]+", "_", cfg.key)
-        return self.checkpoint_root / safe
+    def checkpoint_dir(self, cfg: Config, lineage: int) -> Path:
+        """Where the trial `lineage` (and its retries) keeps its checkpoint (explorer.checkpoints)."""
+        return checkpoints.folder(self.checkpoint_root, cfg.key, lineage)
+
+    lineage = staticmethod(checkpoints.lineage)
+
+    def requeue(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        """Queue a trial that did not finish (interrupted, reclaimed) again: its retry resumes its checkpoint."""
+        study.enqueue_trial(trial.params, user_attrs={"retry_of": self.lineage(trial)})
 
     def attrs(self, cfg: Config, result: TrialResult) -> dict[str, Any]:
         """What a finished trial stores besides its objective values."""
@@ -439,25 +478,25 @@ class Study:
             **{k: dims[k] for k in ("layers", "heads", "width", "mlp") if k in dims},
             "params": cfg.params,
             "flops": self.space.family.flops(dims),
+            "seed": self.spec.budget.seed,
             **result.metrics,
-            "kappa_init": result.kappa_init,
-            "kappa_final": result.kappa_final,
-            "kappa_init_mean": geometric_mean(result.kappa_init),
-            "kappa_final_mean": geometric_mean(result.kappa_final),
+            **kappa_attrs(result.kappa_init, result.kappa_final, space_regime(self.space)),
             "train_time_s": result.train_time_s,
             "steps": result.steps,
             "device": result.device,
         }
 
-    def evaluate(self, cfg: Config, on_epoch: Callable[[int, dict[str, float]], None] | None = None,
+    def evaluate(self, cfg: Config, lineage: int, on_epoch: Callable[[int, dict[str, float]], None] | None = None,
                  device: str | None = None) -> dict[str, Any]:
-        """Train `cfg` (resuming its checkpoint if a killed run left one) and return its trial attributes.
+        """Train `cfg` as trial `lineage` (resuming its own checkpoint if a killed run left one) and return its attributes.
 
         Any failure inside the trial (NaN loss, out of memory, an error in the model, running past
-        `trial_timeout_s`) becomes `TrialFailed(reason)`, so the study goes on; pruning and interrupts
+        `trial_timeout_s`) becomes `TrialFailed(reason)`, so the study goes on; an `ExplorerError`
+        (the task's data is bad) is the study's, not the trial's, and stops it; pruning and interrupts
         pass through.
         """
-        ckpt = self.checkpoint_dir(cfg)
+        owner = {"study": self.spec.name, "trial": lineage, "config": cfg.key, "budget": self.spec.budget.model_dump(mode="json")}
+        ckpt = checkpoints.claim(self.checkpoint_dir(cfg, lineage), owner)  # another run's checkpoint is not resumed
         start = time.perf_counter()
         try:
             with time_limit(self.spec.trial_timeout_s):
@@ -465,14 +504,30 @@ class Study:
                                    checkpoint_dir=ckpt, device=device)
         except KeyboardInterrupt:  # kept: the resumed trial continues from its checkpoint
             raise
-        except (optuna.TrialPruned, TrialFailed):
-            _remove_checkpoint(ckpt)
+        except (optuna.TrialPruned, TrialFailed, ExplorerError):
+            checkpoints.remove(ckpt)
             raise
         except Exception as err:
-            _remove_checkpoint(ckpt)
+            checkpoints.remove(ckpt)
             raise TrialFailed(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
-        _remove_checkpoint(ckpt)
+        checkpoints.remove(ckpt)
         return {**self.attrs(cfg, result), "curve": result.curve, "trial_time_s": time.perf_counter() - start}
+
+    def answer_from_storage(self, study: optuna.Study, trial: optuna.Trial, cfg: Config) -> list[float] | None:
+        """The values of an earlier measurement of `cfg` (same seed), recording `trial` as its duplicate; else None.
+
+        A sampler may propose a measured configuration again: it is not trained twice. Optuna's
+        sampler learns from the duplicate's values, and every explorer consumer (n_trials, pruning
+        peers, the frame, recommendation, dashboard) skips it by its `duplicate_of` attr. Both
+        executors answer duplicates here.
+        """
+        seen = self.completed(study).get((cfg.key, self.spec.budget.seed))
+        if seen is None:
+            return None
+        trial.set_user_attr("config", cfg.dims)
+        trial.set_user_attr("params", cfg.params)
+        trial.set_user_attr("duplicate_of", seen.number)
+        return list(seen.values)
 
     def reclaim_running(self, study: optuna.Study) -> list[int]:
         """Mark RUNNING trials failed and queue their configurations again.
@@ -483,7 +538,7 @@ class Study:
         numbers = []
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             study.tell(t.number, state=optuna.trial.TrialState.FAIL)
-            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
+            self.requeue(study, t)
             numbers.append(t.number)
         return numbers
 
@@ -491,14 +546,21 @@ class Study:
         """The objective values, in the study's order, from a trial's stored attributes."""
         return [float(attrs[o.name]) for o in self.objectives]
 
-    def finished(self, study: optuna.Study) -> int:
-        """Trials that count towards `n_trials`: complete, pruned, or failed by the trial itself.
+    @staticmethod
+    def _counts(t: optuna.trial.FrozenTrial) -> bool:
+        """Whether a trial is a measurement towards `n_trials`: complete, pruned, or failed by itself.
 
-        A trial failed because its worker died (stale heartbeat) does not count: it is retried.
+        A duplicate answered from storage is not; nor a trial failed because its worker died (stale
+        heartbeat, no `fail_reason`): it is retried.
         """
-        trials = study.get_trials(deepcopy=False)
+        if "duplicate_of" in t.user_attrs:
+            return False
         done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
-        return sum(t.state in done or (t.state == optuna.trial.TrialState.FAIL and "fail_reason" in t.user_attrs) for t in trials)
+        return t.state in done or (t.state == optuna.trial.TrialState.FAIL and "fail_reason" in t.user_attrs)
+
+    def finished(self, study: optuna.Study) -> int:
+        """Distinct measurements so far: the trials that count towards `n_trials` (see `_counts`)."""
+        return sum(self._counts(t) for t in study.get_trials(deepcopy=False))
 
     def failures(self, study: optuna.Study) -> int:
         return sum(t.state == optuna.trial.TrialState.FAIL and "fail_reason" in t.user_attrs for t in study.get_trials(deepcopy=False))
@@ -508,26 +570,76 @@ class Study:
         return self.spec.max_failures is not None and self.failures(study) >= self.spec.max_failures
 
     def peers(self, study: optuna.Study, number: int) -> list[Peer]:
-        """The other trials' parameter counts and per-epoch curves, for pruning."""
+        """The other trials' parameter counts and per-epoch curves, for pruning: distinct measurements only."""
         return [Peer(t.user_attrs["params"], t.user_attrs["curve"]) for t in study.get_trials(deepcopy=False)
-                if t.number != number and "curve" in t.user_attrs and "params" in t.user_attrs]
+                if t.number != number and "curve" in t.user_attrs and "params" in t.user_attrs and "duplicate_of" not in t.user_attrs]
 
-    def completed(self, study: optuna.Study) -> dict[str, optuna.trial.FrozenTrial]:
-        """The first completed trial of each configuration."""
-        out: dict[str, optuna.trial.FrozenTrial] = {}
+    def completed(self, study: optuna.Study) -> dict[tuple[str, int], optuna.trial.FrozenTrial]:
+        """The first completed measurement of each (configuration, seed)."""
+        out: dict[tuple[str, int], optuna.trial.FrozenTrial] = {}
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-            out.setdefault(t.params.get("arch"), t)
+            if "duplicate_of" not in t.user_attrs:
+                out.setdefault((t.params.get("arch"), int(t.user_attrs.get("seed", self.spec.budget.seed))), t)
         return out
 
+    def queue_verification(self, study: optuna.Study, keys: list[str]) -> list[str]:
+        """Queue configurations `recommend --verify` asks for; they run even once `n_trials` is reached.
+
+        A configuration already measured is not queued; one waiting in a grid's queue is marked.
+        """
+        trials = study.get_trials(deepcopy=False)
+        taken = {t.system_attrs.get("fixed_params", t.params).get("arch"): t for t in trials}
+        queued = []
+        for key in keys:
+            t = taken.get(key)
+            if t is None:
+                study.enqueue_trial({"arch": key}, user_attrs={"verify": True})
+            elif t.state == optuna.trial.TrialState.WAITING:
+                study._storage.set_trial_user_attr(t._trial_id, "verify", True)  # no public API marks a queued trial
+            else:
+                continue
+            queued.append(key)
+        return queued
+
+    def stalled(self, study: optuna.Study) -> bool:
+        """Whether the sampler's last MAX_DUPLICATE_RUN proposals were all measured already."""
+        last = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()][-MAX_DUPLICATE_RUN:]
+        return len(last) == MAX_DUPLICATE_RUN and all("duplicate_of" in t.user_attrs for t in last)
+
     def remaining(self, study: optuna.Study) -> int:
-        return max(0, self.spec.n_trials - self.finished(study))
+        """Trials still to run: distinct measurements up to `n_trials` (no more than the configurations
+        never measured), plus queued verification trials, which run whatever `n_trials` says."""
+        trials = study.get_trials(deepcopy=False)
+        counted = [t for t in trials if self._counts(t)]
+        unmeasured = len(self.configs.keys() - {t.params.get("arch") for t in counted})
+        to_n = 0 if self.stalled(study) else min(max(0, self.spec.n_trials - len(counted)), unmeasured)
+        verify = sum(t.state == optuna.trial.TrialState.WAITING and bool(t.user_attrs.get("verify")) for t in trials)
+        return to_n + verify
 
 
-def _remove_checkpoint(folder: Path) -> None:
-    """A finished trial's checkpoint is spent; the study's checkpoint root goes too once it is empty."""
-    shutil.rmtree(folder, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        folder.parent.rmdir()
+def spread_order(points: list[list[Any]], exact_up_to: int = 4096) -> list[int]:
+    """Indices of `points` ordered so that every prefix spreads over them: greedy farthest-point
+    (maximin) on each dimension's value rank scaled to [0, 1], starting at the first point.
+
+    Quadratic in the number of points; past `exact_up_to` a seeded shuffle, which spreads in expectation.
+    """
+    n = len(points)
+    if n > exact_up_to:
+        order = list(range(n))
+        random.Random(0).shuffle(order)
+        return order
+    columns = list(zip(*points))
+    ranks = [{v: i / max(len(set(col)) - 1, 1) for i, v in enumerate(sorted(set(col)))} for col in columns]
+    x = np.array([[rank[v] for rank, v in zip(ranks, p, strict=True)] for p in points], dtype=float).reshape(n, len(columns))
+    order = [0]
+    nearest = np.linalg.norm(x - x[0], axis=1)
+    nearest[0] = -np.inf  # taken
+    for _ in range(n - 1):
+        nxt = int(np.argmax(nearest))  # ties: the earliest point, so the order is deterministic
+        order.append(nxt)
+        nearest = np.minimum(nearest, np.linalg.norm(x - x[nxt], axis=1))
+        nearest[nxt] = -np.inf
+    return order
 
 
 def _shown(url: str) -> str:
@@ -536,26 +648,6 @@ def _shown(url: str) -> str:
         return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
     except Exception:  # not an RDB URL (journal:PATH) or not parseable: nothing to hide in it
         return url
-
-
-def _serialize_sqlite(engine: sqlalchemy.Engine) -> None:
-    """Run every SQLite transaction as `BEGIN IMMEDIATE`, so read-then-write is atomic across processes.
-
-    Python's sqlite3 driver begins a transaction only at the first write, so Optuna's check that a
-    queued (WAITING) trial is still waiting and its update to RUNNING are not atomic: two workers can
-    pop the same trial. With the write lock taken at BEGIN, the second worker waits (up to the connect
-    timeout, `storage_timeout_s`) and then sees the trial RUNNING (SQLAlchemy's documented recipe).
-    """
-
-    @sqlalchemy.event.listens_for(engine, "connect")
-    def _autocommit_driver(dbapi_connection: Any, record: Any) -> None:
-        dbapi_connection.isolation_level = None
-
-    @sqlalchemy.event.listens_for(engine, "begin")
-    def _begin_immediate(connection: sqlalchemy.Connection) -> None:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
-
-    engine.dispose()  # connections opened before the hooks (Optuna's schema check) are dropped
 
 
 def load_study_spec(path: str | Path) -> Study:

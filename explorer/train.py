@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 from torch.utils.data import DataLoader
 
-from explorer.conditioning import attention_condition
+from explorer.conditioning import BlockKappa, attention_condition
 from explorer.errors import ExplorerError, TrialFailed
 from explorer.families import get_family
 from explorer.tasks import Task, TaskData
@@ -63,8 +63,8 @@ class TrialResult:
     metric: float
     metrics: dict[str, float]
     curve: list[float]  # the task metric after each epoch
-    kappa_init: list[float]  # κ per attention block at initialisation
-    kappa_final: list[float]  # κ per attention block after training
+    kappa_init: list[BlockKappa]  # κ per attention block (name, kind, κ) at initialisation
+    kappa_final: list[BlockKappa]  # and after training
     params: int
     steps: int
     train_time_s: float
@@ -89,10 +89,27 @@ def run_trial(
     `callback(epoch, metrics)` runs after each epoch's evaluation (epochs count from 0; metrics hold
     the task's metric, `eval_loss`, `train_loss`, and `perplexity` for an LM); what it raises (e.g.
     `optuna.TrialPruned`) propagates. Raises `TrialFailed` on a non-finite loss or when the device
-    runs out of memory. κ is measured on the first KAPPA_SAMPLES inputs of the eval split, before
-    and after training.
+    runs out of memory anywhere in the trial (building, κ, training). κ is measured on the first
+    KAPPA_SAMPLES inputs of the eval split, before and after training.
     """
     device = device or default_device()
+    try:
+        return _run(family, dims, task, budget, callback, checkpoint_dir, device)
+    except torch.OutOfMemoryError as err:
+        reason = f"out of memory on {device}: {str(err).splitlines()[0]}"
+    raise TrialFailed(reason)  # raised outside the handler, so the traceback no longer pins GPU memory
+
+
+def _run(
+    family: str,
+    dims: dict[str, Any],
+    task: Task,
+    budget: Budget,
+    callback: Callback | None,
+    checkpoint_dir: Path | None,
+    device: str,
+) -> TrialResult:
+    """`run_trial`'s body: build, measure κ, train, measure κ again (any of them may run out of memory)."""
     torch.manual_seed(budget.seed)
     model = get_family(family).build(dims).to(device)
     params = sum(p.numel() for p in model.parameters())
@@ -118,15 +135,7 @@ def run_trial(
         if path is not None:
             _save(path, family, dims, model, optimizer, scheduler, data.train, state)
 
-    try:
-        _fit(model, data, optimizer, scheduler, budget, device, task, state, total_steps, callback, checkpoint)
-    except torch.OutOfMemoryError as err:
-        reason = f"out of memory on {device}: {str(err).splitlines()[0]}"
-    else:
-        reason = None
-    if reason is not None:  # raised outside the handler, so the traceback no longer pins GPU memory
-        raise TrialFailed(reason)
-
+    _fit(model, data, optimizer, scheduler, budget, device, task, state, total_steps, callback, checkpoint)
     return TrialResult(
         metric=state.metrics[task.metric],
         metrics=state.metrics,
@@ -144,7 +153,7 @@ def run_trial(
 class _State:
     """Everything about a run's progress that a checkpoint must carry besides the modules."""
 
-    kappa_init: list[float]
+    kappa_init: list[BlockKappa]
     epoch: int = 0  # epochs finished
     step: int = 0  # optimizer steps taken
     done: bool = False  # a limit (epochs, max_steps, time) has been reached

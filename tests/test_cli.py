@@ -102,3 +102,70 @@ def test_a_study_never_run_is_one_line_and_no_file_is_created(tiny_study: Path) 
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 1 and len(lines) == 1 and "does not exist (start it with `explorer run`)" in lines[0], proc.stderr
     assert not (tiny_study.parent / "tiny.db").exists()
+
+
+QUICK = {"epochs": 1, "max_steps": 2, "batch_size": 64, "lr": 0.003, "seed": 0}
+
+
+def test_read_only_commands_never_write_and_report_a_changed_study(tmp_path: Path) -> None:
+    """After budget.epochs is edited, status, export, recommend and dashboard say so in one line and
+    leave the storage byte for byte as it was; `run` still refuses without --force."""
+    import yaml
+    from conftest import write_study
+
+    from explorer.errors import ExplorerError
+
+    path = write_study(tmp_path / "s", budget=QUICK, n_trials=2)
+    ok("run", path, "--no-dashboard")
+    doc = yaml.safe_load(path.read_text())
+    doc["budget"]["epochs"] = 3
+    path.write_text(yaml.safe_dump(doc))
+    db = path.parent / "tiny.db"
+    before, files = db.read_bytes(), sorted(path.parent.iterdir())
+    for args in (["status", path], ["export", path, "--out", tmp_path / "t.csv"], ["recommend", path, "--budget", "1M"],
+                 ["dashboard", path, "--out", tmp_path / "d.html"]):
+        output = ok(*args)
+        assert "made with another budget" in output and "explorer run --force" in output, output
+    assert db.read_bytes() == before and sorted(path.parent.iterdir()) == files
+    result = runner.invoke(app, ["recommend", str(path), "--budget", "1M", "--verify"])
+    assert isinstance(result.exception, ExplorerError) and "not queued" in str(result.exception)
+    result = runner.invoke(app, ["run", str(path), "--no-dashboard"])
+    assert isinstance(result.exception, ExplorerError) and "another budget; rerun with --force" in str(result.exception)
+    assert db.read_bytes() == before
+
+
+def test_verification_trials_run_after_n_trials_is_reached(tmp_path: Path) -> None:
+    from conftest import write_study
+
+    from explorer.study import load_study_spec
+
+    path = write_study(tmp_path, budget=QUICK, n_trials=2)  # a grid of 6: 4 stay queued
+    ok("run", path, "--no-dashboard")
+    queued = ok("recommend", path, "--budget", "1M", "--verify")
+    study = load_study_spec(path)
+    ostudy = study.read()
+    marked = [t.system_attrs["fixed_params"]["arch"] for t in ostudy.get_trials() if t.user_attrs.get("verify")]
+    assert marked and all(key in queued for key in marked), queued
+    ok("resume", path, "--no-dashboard")
+    complete = {t.params["arch"] for t in study.read().get_trials() if t.state.name == "COMPLETE"}
+    assert set(marked) <= complete and study.remaining(study.read()) == 0
+
+
+def test_unknown_executor_is_one_line_and_exit_1(tiny_study: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "explorer.cli", "run", str(tiny_study), "--executor", "rya"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == ["error: --executor: 'rya' is not an executor; choose local or ray"]
+    assert not (tiny_study.parent / "tiny.db").exists()
+
+
+def test_dashboard_default_output_is_relative_to_the_study_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from conftest import write_study
+
+    path = write_study(tmp_path / "studies", budget=QUICK, n_trials=1)
+    ok("run", path, "--no-dashboard")
+    monkeypatch.chdir(tmp_path / "studies")  # not where it lands
+    assert "dashboard:" in ok("dashboard", path)
+    assert (tmp_path / "dashboards" / "tiny.html").exists() and not (tmp_path / "studies" / "dashboards").exists()
+    other = write_study(tmp_path / "elsewhere", budget=QUICK, n_trials=1)
+    ok("run", other)  # `run` writes its dashboard there too
+    assert (tmp_path / "elsewhere" / "dashboards" / "tiny.html").exists()

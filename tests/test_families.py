@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 import pytest
+import timm
 import torch
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from explorer.families import family_names, get_family
+from explorer.families import _disk_cache, family_names, get_family, timm_adapters
 
 OWN = ["image-encoder", "sequence-classifier", "causal-lm", "crammed-bert"]
 TIMM = ["timm-vit", "timm-deit", "timm-xcit", "timm-tnt", "timm-davit"]
@@ -75,7 +77,7 @@ def test_closed_form_equals_built_model(family: str, data: st.DataObject) -> Non
 
 
 @pytest.mark.parametrize("family", OWN)
-def test_own_families_train(family: str) -> None:
+def test_own_families_lower_the_loss_on_a_fixed_batch(family: str) -> None:
     """A few optimizer steps on one fixed batch lower the loss: forward and backward are wired."""
     torch.manual_seed(0)
     fam = get_family(family)
@@ -133,7 +135,7 @@ def test_own_families_use_standard_transformer_init(family: str) -> None:
             assert module.weight.std().item() == pytest.approx(0.02, rel=0.1), name
 
 
-def test_output_shapes() -> None:
+def test_own_families_output_shape_per_modality() -> None:
     for family in OWN:
         fam = get_family(family)
         dims = {**fam.defaults(), "layers": 1, "heads": 2, "width": 8, "mlp": 16, "vocab": 9, "seq_len": 5}
@@ -147,7 +149,7 @@ def test_output_shapes() -> None:
     ("layers", "heads", "millions"),
     [(16, 12, 119), (10, 24, 84)],  # the seed's Crammed BERT rows
 )
-def test_crammed_bert_rows(layers: int, heads: int, millions: int) -> None:
+def test_crammed_bert_counts_match_the_seeds_rows(layers: int, heads: int, millions: int) -> None:
     assert abs(get_family("crammed-bert").params({"layers": layers, "heads": heads}) / 1e6 - millions) < 1
 
 
@@ -167,12 +169,11 @@ def test_unknown_dimension_is_an_error(family: str) -> None:
         fam.params({**fam.defaults(), "layers": 1, "heads": 1, "width": 64, "mlp": 64, "depth": 3})
 
 
-def test_registry_names_counting() -> None:
+def test_registry_knows_every_family_and_how_it_counts() -> None:
     assert set(OWN + TIMM) <= set(family_names())
     for name in OWN + TIMM:
         fam = get_family(name)
         assert fam.counting == ("meta-device (cached)" if name in TIMM else "closed-form")
-        assert "ount" in (type(fam).__doc__ or ""), f"{name} documents how it counts"
 
 
 SMALL_TIMM = {
@@ -215,6 +216,30 @@ def test_timm_meta_count_equals_real_build(family: str) -> None:
 )
 def test_timm_named_counts(family: str, dims: dict, millions: float) -> None:
     assert abs(get_family(family).params(dims) / 1e6 - millions) < 0.07
+
+
+def test_timm_counts_are_cached_on_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counted once, a timm count is read back by a later process without building; a corrupt file is rewritten."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    fam, dims = get_family("timm-vit"), {**SMALL_TIMM["timm-vit"], "num_classes": 5}
+    params, flops = fam.params(dims), fam.flops(dims)
+    path = _disk_cache.cache_file()
+    assert path.parent == tmp_path / "explorer" and timm.__version__ in path.name
+    assert sorted(json.loads(path.read_text()).values()) == sorted([params, flops])
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("built a model although its count is on disk")
+
+    monkeypatch.setattr(timm_adapters, "_COUNTS", _disk_cache.DiskCounts())  # a new process: empty memory
+    monkeypatch.setattr(timm_adapters.timm, "create_model", no_build)
+    assert (fam.params(dims), fam.flops(dims)) == (params, flops)
+
+    monkeypatch.undo()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(timm_adapters, "_COUNTS", _disk_cache.DiskCounts())
+    path.write_text('{"params vit_small_patch16_224": ')  # a write cut short
+    assert fam.params(dims) == params
+    assert list(json.loads(path.read_text()).values()) == [params]
 
 
 def test_timm_flops_match_published_macs() -> None:

@@ -49,6 +49,20 @@ def worker(path: Path, command: str = "run") -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def await_condition(condition, timeout: float = 120) -> None:
+    """Poll `condition()` until it holds (a storage state, not a guessed delay)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not reached in {timeout} s"
+        time.sleep(0.1)
+
+
+def stale_failed(study, ostudy: optuna.Study) -> bool:
+    """Fail (and re-queue) the trials of dead workers whose grace period has passed, as every worker does."""
+    study.waiting(ostudy)
+    return True
+
+
 def trained(ostudy: optuna.Study) -> list[str]:
     """The configuration of each trial that actually trained to completion (not answered from storage)."""
     return [t.params["arch"] for t in ostudy.get_trials(states=(COMPLETE,)) if "duplicate_of" not in t.user_attrs]
@@ -103,8 +117,9 @@ def test_a_configuration_running_in_another_worker_is_waited_for_not_retrained(t
     other = ostudy.ask()  # another worker's trial, mid-training on the first configuration
     assert other.suggest_categorical("arch", study.keys) == key
 
-    def finish_other() -> None:
-        time.sleep(1.5)
+    def finish_other() -> None:  # once this worker has taken the same configuration and waits for it
+        await_condition(lambda: any(t.number > other.number and t.params.get("arch") == key
+                                    for t in ostudy.get_trials(deepcopy=False, states=(RUNNING,))))
         other.set_user_attr("accuracy", 0.5)
         ostudy.tell(other, [0.5, 123.0])
 
@@ -122,16 +137,16 @@ def test_a_trial_taken_by_a_worker_that_died_before_its_first_heartbeat_is_rerun
     study = load_study_spec(path)
     ostudy = study.open()
     orphan = ostudy._pop_waiting_trial_id()  # what the dead worker's `ask()` did, and no more
-    time.sleep(3.2)  # past the grace period (3 x heartbeat_s)
+    await_condition(lambda: stale_failed(study, ostudy) and ostudy._storage.get_trial(orphan).state == FAIL)  # past the grace period
     LocalExecutor().run(study, ostudy)
     assert ostudy._storage.get_trial(orphan).state == FAIL
     assert sorted(trained(ostudy)) == sorted(study.keys)
 
 
 # -- storage faults ----------------------------------------------------------------------------------------
-def hold_lock(db: Path, seconds: float) -> subprocess.Popen:
-    """Another process takes SQLite's exclusive lock on `db` and keeps it for `seconds`."""
-    code = (f"import sqlite3, time; c = sqlite3.connect({str(db)!r}, isolation_level=None); c.execute('BEGIN EXCLUSIVE');"
+def hold_lock(db: Path, seconds: float, kind: str = "EXCLUSIVE") -> subprocess.Popen:
+    """Another process takes SQLite's exclusive lock on `db` (or, IMMEDIATE, a writer's) and keeps it for `seconds`."""
+    code = (f"import sqlite3, time; c = sqlite3.connect({str(db)!r}, isolation_level=None); c.execute('BEGIN {kind}');"
             f" print('locked', flush=True); time.sleep({seconds}); c.execute('COMMIT')")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "locked"
@@ -139,7 +154,8 @@ def hold_lock(db: Path, seconds: float) -> subprocess.Popen:
 
 
 def stored(ostudy: optuna.Study) -> dict[int, tuple]:
-    return {t.number: (t.params["arch"], tuple(t.values), t.user_attrs["accuracy"]) for t in ostudy.get_trials(states=(COMPLETE,))}
+    """Every completed trial: its configuration and values, and the accuracy a measurement recorded."""
+    return {t.number: (t.params["arch"], tuple(t.values), t.user_attrs.get("accuracy")) for t in ostudy.get_trials(states=(COMPLETE,))}
 
 
 def wait_for_completed(path: Path, at_least: int, timeout: float = 120) -> None:
@@ -179,6 +195,24 @@ def test_a_storage_locked_past_the_timeout_is_one_clear_error_and_loses_nothing(
     one_line_naming_storage(info.value, path, "database is locked")
     lock.wait()
     assert stored(load_study_spec(path).open(create=False)) == before
+
+
+def test_a_reader_does_not_queue_behind_a_worker_holding_the_write_lock(tmp_path: Path) -> None:
+    """A worker mid-transaction holds SQLite's write lock: `status`/`dashboard` reads go on (with a
+    0.5 s timeout they would fail with "database is locked" if they took the lock), writes still wait."""
+    path = write_study(tmp_path, budget=QUICK, n_trials=1, storage_timeout_s=0.5)
+    run(path)
+    lock = hold_lock(tmp_path / "tiny.db", 30, kind="IMMEDIATE")
+    try:
+        study = load_study_spec(path)
+        ostudy = study.read()
+        assert len(ostudy.get_trials(states=(COMPLETE,))) == 1 and study.finished(ostudy) == 1
+        with pytest.raises(optuna.exceptions.StorageInternalError) as info:
+            study.open(create=False).ask()
+        assert "database is locked" in str(study.storage_error(info.value))
+    finally:
+        lock.kill()
+        lock.wait()
 
 
 def test_a_read_only_storage_is_one_clear_error_and_loses_nothing(tmp_path: Path) -> None:
@@ -253,7 +287,8 @@ def test_a_corrupted_journal_is_one_clear_error(tmp_path: Path) -> None:
 def test_sigkill_during_storage_writes_keeps_every_finished_trial(tmp_path: Path) -> None:
     """Kill a worker at random moments while it tells trials (a dozen writes each); after every kill the
     storage opens and holds each trial that was complete before it, unchanged."""
-    path = write_study(tmp_path, space_doc=WIDE_SPACE, budget=QUICK, sampler={"name": "random", "seed": 0}, n_trials=40)
+    deep = {**TINY_SPACE, "free": {"layers": list(range(1, 11)), "heads": "divisors"}}  # 30 configurations to measure
+    path = write_study(tmp_path, space_doc=deep, budget=QUICK, sampler={"name": "random", "seed": 0}, n_trials=30)
     rng = random.Random(7)
     seen: dict[int, tuple] = {}
     for _ in range(4):
@@ -303,7 +338,7 @@ def bug() -> None:
     raise RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x16 and 32x16)\nsecond line")
 
 
-@pytest.mark.parametrize("fault, words", [(oom, "CUDA out of memory. Tried to allocate 2.00 GiB"),
+@pytest.mark.parametrize("fault, words", [(oom, "out of memory on cpu: CUDA out of memory. Tried to allocate 2.00 GiB"),
                                           (bug, "RuntimeError: mat1 and mat2 shapes cannot be multiplied")])
 def test_a_failing_trial_is_marked_failed_with_its_reason_and_the_study_goes_on(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault, words: str) -> None:
@@ -317,9 +352,7 @@ def test_a_failing_trial_is_marked_failed_with_its_reason_and_the_study_goes_on(
 
 def test_a_hung_trial_fails_at_its_time_limit_and_the_study_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     faulty_model(monkeypatch, lambda: time.sleep(60), when=lambda dims: dims["layers"] == 2 and dims["heads"] == 2)
-    start = time.monotonic()
     ostudy = run(write_study(tmp_path, budget=QUICK, trial_timeout_s=1.5))
-    assert time.monotonic() - start < 30
     assert reasons(ostudy) == {"layers=2,heads=2": "ran past its time limit of 1.5 s (trial_timeout_s)"}
     assert len(trained(ostudy)) == 5
 
@@ -338,6 +371,87 @@ def test_a_study_whose_every_trial_fails_stops_at_max_failures(tmp_path: Path, m
         run(write_study(tmp_path, budget=QUICK, max_failures=3))
     assert "\n" not in str(info.value) and "stopped after 3 failed trials (max_failures: 3)" in str(info.value)
     assert len(load_study_spec(tmp_path / "study.yaml").open(create=False).get_trials(states=(FAIL,))) == 3
+
+
+# -- Ctrl-C and failing studies --------------------------------------------------------------------------------
+def await_storage(path: Path, condition, timeout: float = 120) -> list[optuna.trial.FrozenTrial]:
+    """Poll the study's storage (read only) until `condition(trials)` holds; returns those trials."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            trials = load_study_spec(path).read().get_trials()
+        except ExplorerError:  # not created yet
+            trials = []
+        if trials and condition(trials):
+            return trials
+        time.sleep(0.1)
+    raise AssertionError(f"the storage did not reach the awaited state in {timeout} s")
+
+
+@pytest.mark.slow
+def test_ctrl_c_mid_trial_exits_130_with_how_to_resume_and_the_trial_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    path = write_study(tmp_path, budget={"epochs": 6, "batch_size": 16, "lr": 0.003, "seed": 0}, n_trials=3,
+                       sampler={"name": "random", "seed": 0})  # no grid queue: the retry is the next trial
+    proc = worker(path)
+    trials = await_storage(path, lambda ts: any(t.state == RUNNING and len(t.user_attrs.get("curve", [])) >= 1 for t in ts))
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130 and f"continue with: explorer resume {path}" in out and "Traceback" not in out, out
+    study = load_study_spec(path)
+    ostudy = study.read()
+    (stopped,) = ostudy.get_trials(states=(FAIL,))
+    assert stopped.number == next(t.number for t in trials if t.state == RUNNING)
+    retry = [t for t in ostudy.get_trials(states=(optuna.trial.TrialState.WAITING,)) if t.user_attrs.get("retry_of") == stopped.number]
+    assert retry and (study.checkpoint_dir(study.configs[stopped.params["arch"]], stopped.number) / "checkpoint.pt").exists()
+    ostudy = run(path, create=False)
+    assert len(set(trained(ostudy))) == len(trained(ostudy)) == 3 and retry[0].number in {t.number for t in ostudy.get_trials(states=(COMPLETE,))}
+    assert not study.checkpoint_root.exists()  # the resumed trial finished and spent its checkpoint
+
+
+def test_ctrl_c_while_a_finished_trial_is_recorded_keeps_its_result_and_stops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGINT lands after training, while the trial's values go to Optuna: the result is stored, then the study stops."""
+    study_type = type(load_study_spec(write_study(tmp_path, budget=QUICK, n_trials=3)))
+    values = study_type.values
+
+    def interrupted(self, attrs):
+        os.kill(os.getpid(), signal.SIGINT)  # a real signal, delivered to this (the main) thread
+        return values(self, attrs)
+
+    monkeypatch.setattr(study_type, "values", interrupted)
+    study = load_study_spec(tmp_path / "study.yaml")
+    ostudy = study.open()
+    with pytest.raises(KeyboardInterrupt):
+        LocalExecutor().run(study, ostudy)
+    (done,) = ostudy.get_trials(states=(COMPLETE,))
+    assert done.user_attrs["accuracy"] == done.values[0] and not ostudy.get_trials(states=(FAIL, RUNNING))
+
+
+def test_failed_trials_print_one_line_each_and_the_run_exits_1(tmp_path: Path) -> None:
+    path = write_study(tmp_path, budget={**QUICK, "lr": 1e12, "grad_clip": None}, n_trials=2)
+    proc = worker(path)
+    out = proc.communicate(timeout=120)[0]
+    failed = [line for line in out.splitlines() if line.startswith("trial ") and " failed: loss is " in line]
+    assert proc.returncode == 1 and len(failed) == 2 and "Traceback" not in out, out
+    assert out.strip().splitlines()[-1] == f"error: {path}: 2 trials failed in this run (reasons above and in `explorer status`)"
+
+
+def test_a_corrupt_image_is_one_study_error_not_a_failure_per_trial(tmp_path: Path) -> None:
+    from PIL import Image
+
+    root = tmp_path / "images"
+    for c in ("a", "b"):
+        (root / c).mkdir(parents=True)
+        for i in range(4):
+            Image.new("L", (8, 8), color=40 * i).save(root / c / f"{i}.png")
+    (root / "b" / "9.png").write_bytes(b"not a png")
+    space = {**TINY_SPACE, "fixed": {**TINY_SPACE["fixed"], "num_classes": 2}}
+    path = write_study(tmp_path, space_doc=space, task={"name": "image-folder", "root": "images", "img_size": 8, "in_chans": 1},
+                       budget={**QUICK, "batch_size": 4, "max_steps": 4})
+    proc = worker(path)
+    out = proc.communicate(timeout=120)[0]
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 1 and len(errors) == 1 and "cannot read image" in errors[0] and "9.png" in errors[0], out
+    assert "Traceback" not in out and len(load_study_spec(path).read().get_trials(states=(FAIL,))) == 1
 
 
 # -- hostile input and paths ---------------------------------------------------------------------------------
@@ -404,7 +518,9 @@ def test_soak_random_worker_kills_then_resume_lose_nothing_and_train_each_config
         for w in workers:
             w.kill()
             w.wait()
-    time.sleep(3.5)  # past the heartbeat grace period (3 x heartbeat_s = 3 s): the killed trials are stale
+    study = load_study_spec(path)
+    ostudy = study.open(create=False)
+    await_condition(lambda: stale_failed(study, ostudy) and not ostudy.get_trials(deepcopy=False, states=(RUNNING,)))
     proc = worker(path, "resume")
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode == 0, out

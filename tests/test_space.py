@@ -81,10 +81,13 @@ def test_explain_names_each_constraint(tmp_path: Path) -> None:
         (with_(colour="red"), "colour", "unknown field"),
         (with_(free__layers={"min": 3, "max": 1}), "free", "layers: max (1) is below min (3)"),
         (with_(free__layers="many"), "free", "layers: expected a list"),
-        (with_(free__layers={"min": 1, "max": 3, "stride": 1}), "free", "layers.stride: Extra inputs"),
+        (with_(free__layers={"min": 1, "max": 3, "stride": 1}), "free", "layers.stride: unknown field (did you mean step?)"),
+        (with_(nmae="t"), "nmae", "unknown field (did you mean name?)"),
+        (with_(constraints__heads_divide_width=False), "constraints.heads_divide_width", "every family needs heads to divide the width"),
+        (with_(fixed__width=0), "fixed.width", "greater than or equal to 1"),
         (with_(free__heads=[3, 5]), "free", "heads_divide_width"),
         (with_(free__heads=[1, 2], constraints__min_head_dim=64), "free", "min_head_dim"),
-        (with_(constraints__param_budget=[10, 20]), "free", "param_budget"),
+        (with_(constraints__param_budget=[10, 20]), "free", "e.g. layers=1,heads=1: 9,674 parameters > budget high 20"),
         (with_(constraints__param_budget=[10]), "constraints.param_budget", "[lo, hi]"),
         (with_(constraints__min_head_dim=0), "constraints.min_head_dim", ""),
         (with_(free__mlp=[64, 128]), "free.mlp", "fixed_mlp"),
@@ -105,7 +108,8 @@ def test_bad_space_is_one_line_naming_file_and_field(tmp_path: Path, doc: dict, 
     message = str(info.value)
     assert "\n" not in message
     assert message.startswith(f"{path}: {field}"), message
-    assert words in message
+    assert words in message, message
+    assert not any(noise in message for noise in ("[type=", "input_value", "Value error", "Extra inputs")), message
 
 
 @pytest.mark.parametrize("text", ["- a\n- b\n", "a: [1, 2\n", "!!python/object/apply:os.system ['true']\n", ""])
@@ -119,3 +123,33 @@ def test_malformed_yaml_is_one_line(tmp_path: Path, text: str) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ExplorerError, match="file not found"):
         load_space(tmp_path / "nope.yaml")
+
+
+TIMM = {"name": "t", "family": "timm-vit", "fixed": {"width": 192, "mlp": 768, "img_size": 32, "patch": 16},
+        "free": {"layers": [1, 2], "heads": [3, 6]}}
+
+
+@pytest.mark.parametrize("model, words", [
+    ("resnet50", "model 'resnet50' is not a vit_* model, the ones whose depth and heads this family varies"),
+    ("deit_tiny_patch16_224", "set family: timm-deit"),
+    ("vit_smal_patch16_224", "model 'vit_smal_patch16_224' is not a timm model; did you mean vit_small_patch16_224"),
+    ("no_such_net", "is not a timm model; see timm.list_models('vit_*')"),
+])
+def test_timm_space_with_a_wrong_model_names_the_model_field(tmp_path: Path, model: str, words: str) -> None:
+    path = write(tmp_path, {**TIMM, "fixed": {**TIMM["fixed"], "model": model}})
+    with pytest.raises(ExplorerError) as info:
+        load_space(path)
+    assert str(info.value).startswith(f"{path}: fixed.model: "), str(info.value)
+    assert words in str(info.value) and "no feasible" not in str(info.value)
+
+
+def test_heads_given_as_a_list_count_toward_the_candidate_limit(tmp_path: Path) -> None:
+    path = write(tmp_path, with_(free__layers={"min": 1, "max": 60_000}, free__heads=[1, 2, 4, 8]))
+    with pytest.raises(ExplorerError, match=r"free: 240,000 combinations of free values; at most 100,000"):
+        load_space(path)
+
+
+def test_heads_divisors_of_free_widths_count_toward_the_candidate_limit(tmp_path: Path) -> None:
+    doc = with_(free__layers={"min": 1, "max": 2000}, free__width=[720, 840], fixed__width=None)  # 30 and 32 divisors
+    with pytest.raises(ExplorerError, match=r"free: 124,000 combinations"):
+        load_space(write(tmp_path, doc))

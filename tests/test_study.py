@@ -16,7 +16,8 @@ from conftest import TINY_SPACE, write_study
 from explorer.errors import ExplorerError
 from explorer.executors.local import LocalExecutor
 from explorer.frame import trials_frame
-from explorer.study import load_study_spec
+from explorer.recommend import fit_surface
+from explorer.study import Study, load_study_spec
 
 COMPLETE = optuna.trial.TrialState.COMPLETE
 
@@ -29,7 +30,8 @@ def run(path: Path, **open_kwargs) -> optuna.Study:
 
 
 def outcomes(ostudy: optuna.Study) -> list[tuple[str, tuple[float, ...]]]:
-    return [(t.params["arch"], tuple(t.values)) for t in ostudy.get_trials(states=(COMPLETE,))]
+    """The measurements: completed trials, less duplicates answered from storage."""
+    return [(t.params["arch"], tuple(t.values)) for t in ostudy.get_trials(states=(COMPLETE,)) if "duplicate_of" not in t.user_attrs]
 
 
 def test_tiny_study_runs_to_completion_and_stores_everything(tiny_study: Path) -> None:
@@ -55,19 +57,30 @@ def test_same_seed_same_trials_and_metrics(tmp_path: Path) -> None:
 
 
 def test_rerun_of_a_finished_study_does_nothing(tiny_study: Path) -> None:
-    first = outcomes(run(tiny_study, n_trials=None) if False else run(tiny_study))
+    first = outcomes(run(tiny_study))
     again = run(tiny_study)
     assert outcomes(again) == first and len(again.trials) == 6
 
 
-def test_resampled_configuration_is_not_trained_twice(tmp_path: Path) -> None:
-    ostudy = run(write_study(tmp_path, sampler={"name": "random", "seed": 0}, n_trials=12))
+def test_duplicates_are_answered_from_storage_and_never_counted_as_measurements(tmp_path: Path) -> None:
+    """A random sampler on 6 configurations with n_trials 12 proposes measured ones again: each is
+    trained once, its repeats are recorded as duplicates (Optuna learns from them) and no consumer
+    counts them: n_trials, pruning peers, the frame, the surface fit."""
+    path = write_study(tmp_path, sampler={"name": "random", "seed": 0}, n_trials=12)
+    ostudy = run(path)
+    study = load_study_spec(path)
     trials = ostudy.get_trials(states=(COMPLETE,))
-    trained = [t for t in trials if "duplicate_of" not in t.user_attrs]
-    assert len(trials) == 12 and len({t.params["arch"] for t in trained}) == len(trained)
-    for t in trials:
-        if "duplicate_of" in t.user_attrs:
-            assert t.values == ostudy.trials[t.user_attrs["duplicate_of"]].values
+    duplicates = [t for t in trials if "duplicate_of" in t.user_attrs]
+    assert duplicates and all(t.values == ostudy.trials[t.user_attrs["duplicate_of"]].values for t in duplicates)
+    assert sorted(a for a, _ in outcomes(ostudy)) == sorted(study.keys)  # every configuration measured once, then it stops
+    assert study.finished(ostudy) == 6 and study.remaining(ostudy) == 0
+    assert len(study.peers(ostudy, -1)) == 6 and len(trials_frame(ostudy)) == 6
+    assert fit_surface(trials_frame(ostudy, duplicates=True), 16).dof == 6 - 4  # distinct configurations, not trials
+
+
+def test_n_trials_counts_distinct_measurements(tmp_path: Path) -> None:
+    ostudy = run(write_study(tmp_path, sampler={"name": "random", "seed": 0}, n_trials=4))
+    assert len(outcomes(ostudy)) == len({a for a, _ in outcomes(ostudy)}) == 4
 
 
 @pytest.mark.slow
@@ -100,7 +113,13 @@ def test_sigkill_mid_trial_then_resume_loses_nothing(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
     assert running is not None, "the run finished before it could be killed"
-    time.sleep(3.5)  # past the heartbeat grace period (3 x heartbeat_s): the trial is stale
+    study = load_study_spec(path)
+    waiting = study.open(create=False)
+    deadline = time.monotonic() + 60
+    while waiting.trials[running.number].state != optuna.trial.TrialState.FAIL:  # stale after the grace period: failed, retried
+        assert time.monotonic() < deadline
+        study.waiting(waiting)
+        time.sleep(0.1)
     ostudy = run(path, create=False)
 
     trials = ostudy.trials
@@ -181,3 +200,52 @@ def test_shipped_studies_load_and_run_a_short_trial(path: Path, tmp_path: Path) 
     LocalExecutor().run(study, ostudy)
     (trial,) = ostudy.get_trials(states=(COMPLETE,))
     assert trial.user_attrs["params"] == study.configs[trial.params["arch"]].params
+
+
+def test_checkpoints_belong_to_a_trial_and_its_retries_under_one_budget(tmp_path: Path) -> None:
+    """Two trials of one configuration never share a checkpoint; a retry (same lineage) resumes its
+    own; after the budget changes (`--force` with new epochs) an old checkpoint is not resumed."""
+    path = write_study(tmp_path, budget={"epochs": 3, "batch_size": 128, "lr": 0.003, "seed": 0})
+    study = load_study_spec(path)
+    cfg = study.configs[study.keys[0]]
+
+    def interrupt(epoch: int, metrics: dict) -> None:
+        raise KeyboardInterrupt
+
+    for lineage in (0, 2):  # two trials of the same configuration, each stopped after its first epoch
+        with pytest.raises(KeyboardInterrupt):
+            study.evaluate(cfg, lineage, interrupt)
+    assert study.checkpoint_dir(cfg, 0) != study.checkpoint_dir(cfg, 2)
+    epochs: list[int] = []
+    study.evaluate(cfg, 1, lambda e, m: epochs.append(e))
+    assert epochs == [0, 1, 2]  # a third trial trains from scratch, the others' checkpoints untouched
+    epochs.clear()
+    study.evaluate(cfg, 0, lambda e, m: epochs.append(e))
+    assert epochs == [1, 2] and not study.checkpoint_dir(cfg, 0).exists()  # the retry resumed and spent it
+    changed = load_study_spec(write_study(tmp_path, budget={"epochs": 4, "batch_size": 128, "lr": 0.003, "seed": 0}))
+    epochs.clear()
+    changed.evaluate(cfg, 2, lambda e, m: epochs.append(e))
+    assert epochs == [0, 1, 2, 3]  # the old budget's checkpoint was not resumed
+
+
+def test_a_retry_knows_the_trial_it_continues() -> None:
+    first = optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, params={}, distributions={})
+    first.number = 3
+    optuna_retry = optuna.trial.create_trial(state=optuna.trial.TrialState.WAITING, system_attrs={"failed_trial": 3})
+    explorer_retry = optuna.trial.create_trial(state=optuna.trial.TrialState.WAITING, user_attrs={"retry_of": 3},
+                                               system_attrs={"failed_trial": 7})  # Optuna's retry of an explorer retry
+    assert {Study.lineage(t) for t in (first, optuna_retry, explorer_retry)} == {3}
+
+
+def test_objectives_are_named_for_optuna(tiny_study: Path) -> None:
+    assert load_study_spec(tiny_study).open().metric_names == ["accuracy", "params"]
+
+
+def test_a_grid_queue_spreads_any_prefix_over_the_space(tmp_path: Path) -> None:
+    space = {**TINY_SPACE, "free": {"layers": [1, 2, 3, 4, 5, 6], "heads": "divisors"}}  # 6 depths x 3 heads
+    study = load_study_spec(write_study(tmp_path, space_doc=space, n_trials=6))
+    queue = [t.system_attrs["fixed_params"]["arch"] for t in study.open().get_trials()]
+    assert sorted(queue) == sorted(study.keys)
+    first = [study.configs[k].dims for k in queue[:6]]
+    assert [(d["layers"], d["heads"]) for d in first[:4]] == [(1, 1), (6, 4), (1, 4), (6, 1)]  # the corners first
+    assert {d["heads"] for d in first[:5]} == {1, 2, 4} and {d["layers"] for d in first[:5]} == {1, 3, 6}  # then the middle

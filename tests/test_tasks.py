@@ -50,7 +50,7 @@ def task(request: pytest.FixtureRequest, tmp_path: Path) -> Task:
 
 
 def test_registry_lists_every_task() -> None:
-    assert task_names() == ["digits", "image-folder", "listops", "text-file"]
+    assert task_names() == ["digits", "image-folder", "listops", "text-classification", "text-file"]
 
 
 def test_batches_match_dims(task: Task) -> None:

@@ -41,7 +41,8 @@ def assert_learns(result: TrialResult, reports: list, metric: str, layers: int) 
     assert losses[-1] < losses[0], losses
     assert all(math.isfinite(v) for v in result.metrics.values())
     assert len(result.kappa_init) == len(result.kappa_final) == layers
-    assert all(k >= 1 for k in result.kappa_init + result.kappa_final)
+    assert [b["name"] for b in result.kappa_init] == [b["name"] for b in result.kappa_final]
+    assert all(b["kappa"] >= 1 for b in result.kappa_init + result.kappa_final)
     assert result.device == "cpu" and result.train_time_s > 0
 
 
@@ -115,6 +116,40 @@ def test_diverging_loss_fails_the_trial():
     with pytest.raises(TrialFailed, match=r"loss is (nan|inf) at step \d+"):
         budget = Budget(epochs=1, lr=1e30, grad_clip=None)  # the first AdamW step moves weights by ~1e30
         run_trial("image-encoder", IMAGE, get_task("digits", {}), budget, device="cpu")
+
+
+def forward_calls(monkeypatch: pytest.MonkeyPatch, fail_at: int | None) -> list[bool]:
+    """Every built model's forward calls, recorded as `model.training`; call number `fail_at` runs out of memory."""
+    family = get_family("image-encoder")
+    build, calls = type(family).build, []
+
+    def patched(self, dims):
+        model = build(self, dims)
+        forward = model.forward
+
+        def counted(*args, **kwargs):
+            calls.append(model.training)
+            if len(calls) - 1 == fail_at:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            return forward(*args, **kwargs)
+
+        model.forward = counted
+        return model
+
+    monkeypatch.setattr(type(family), "build", patched)
+    return calls
+
+
+@pytest.mark.parametrize("when", ["kappa at init", "training", "kappa after training"])
+def test_out_of_memory_anywhere_in_the_trial_fails_it(monkeypatch: pytest.MonkeyPatch, when: str):
+    budget, task = Budget(epochs=1, max_steps=2), get_task("digits", {})
+    calls = forward_calls(monkeypatch, fail_at=None)
+    run_trial("image-encoder", IMAGE, task, budget, device="cpu")
+    fail_at = {"kappa at init": 0, "training": calls.index(True), "kappa after training": len(calls) - 1}[when]
+    assert when != "training" or fail_at > 0  # the first training forward comes after κ at init
+    forward_calls(monkeypatch, fail_at)
+    with pytest.raises(TrialFailed, match="^out of memory on cpu: CUDA out of memory. Tried to allocate 2.00 GiB$"):
+        run_trial("image-encoder", IMAGE, task, budget, device="cpu")
 
 
 def test_callback_exceptions_propagate():

@@ -3,11 +3,21 @@
 Several such workers (processes, hosts) may run one study on a shared storage: a grid study's
 configurations are popped from its queue, each by one worker; a sampled configuration that an
 earlier trial of another worker is still training is waited for and answered from storage.
+
+Ctrl-C interrupts training only: one that lands while Optuna records a finished trial (or between
+trials) lets that record complete and then stops the study, so no finished result is lost. The
+interrupted trial is queued again and resumes from its checkpoint; `run` then raises
+KeyboardInterrupt for the caller to say how to resume.
 """
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
 
 import optuna
 import torch
@@ -19,12 +29,16 @@ from explorer.study import STORAGE_ERRORS, Study
 
 class LocalExecutor(Executor):
     def run(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None = None) -> None:
+        interrupts = _Interrupts()
         try:
-            self._run(study, ostudy, on_trial)
+            with interrupts.installed():
+                self._run(study, ostudy, on_trial, interrupts)
         except STORAGE_ERRORS as err:  # locked past the timeout, read-only, full, corrupt: finished trials stay stored
             raise study.storage_error(err) from None
+        if interrupts.requested:
+            raise KeyboardInterrupt
 
-    def _run(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None) -> None:
+    def _run(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None, interrupts: _Interrupts) -> None:
         if _done(study, ostudy):
             return
         pruner = study.pruner()
@@ -33,15 +47,13 @@ class LocalExecutor(Executor):
 
         def objective(trial: optuna.Trial) -> list[float]:
             cfg = study.suggest(trial)
-            _await_earlier(study, ostudy, trial.number, cfg.key)
-            seen = study.completed(ostudy).get(cfg.key)
-            if seen is not None:  # a sampler may propose a configuration again: never train it twice
-                for key, value in seen.user_attrs.items():
-                    trial.set_user_attr(key, value)
-                trial.set_user_attr("duplicate_of", seen.number)
-                return list(seen.values)
+            _await_earlier(study, ostudy, trial.number, cfg.key, interrupts)
+            values = study.answer_from_storage(ostudy, trial, cfg)
+            if values is not None:  # a sampler may propose a configuration again: never train it twice
+                return values
             trial.set_user_attr("config", cfg.dims)
             trial.set_user_attr("params", cfg.params)
+            frozen = ostudy.get_trials(deepcopy=False)[trial.number]
             curve: list[float] = []
 
             def on_epoch(epoch: int, metrics: dict[str, float]) -> None:
@@ -52,12 +64,13 @@ class LocalExecutor(Executor):
                     raise optuna.TrialPruned(f"{metric} {value:.4g} at epoch {epoch + 1} trails its parameter bin")
 
             try:
-                attrs = study.evaluate(cfg, on_epoch)
-            except TrialFailed as err:
+                with interrupts.armed():
+                    attrs = study.evaluate(cfg, study.lineage(frozen), on_epoch)
+            except (TrialFailed, ExplorerError) as err:  # ExplorerError: the study's data is bad; it stops the study
                 trial.set_user_attr("fail_reason", str(err))
                 raise
             except KeyboardInterrupt:  # Optuna marks it failed; queue its configuration for the resume
-                ostudy.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+                study.requeue(ostudy, frozen)
                 raise
             for key, value in attrs.items():
                 trial.set_user_attr(key, value)
@@ -66,7 +79,7 @@ class LocalExecutor(Executor):
         def after(s: optuna.Study, t: optuna.trial.FrozenTrial) -> None:
             if on_trial is not None:
                 on_trial(s, t)
-            if _done(study, s) or study.too_many_failures(s):
+            if interrupts.requested or _done(study, s) or study.too_many_failures(s):
                 s.stop()
 
         ostudy.optimize(objective, callbacks=[after], catch=(TrialFailed,), gc_after_trial=False)
@@ -75,12 +88,46 @@ class LocalExecutor(Executor):
                                 "see `explorer status` for their reasons", source=str(study.source))
 
 
+class _Interrupts:
+    """SIGINT raises KeyboardInterrupt only while a trial trains (`armed`); elsewhere it is remembered."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._armed = False
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+        if self._armed:
+            raise KeyboardInterrupt
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+            yield
+            return
+        previous = signal.signal(signal.SIGINT, self._handle)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    @contextmanager
+    def armed(self) -> Iterator[None]:
+        if self.requested:
+            raise KeyboardInterrupt
+        self._armed = True
+        try:
+            yield
+        finally:
+            self._armed = False
+
+
 def _done(study: Study, ostudy: optuna.Study) -> bool:
     """n_trials reached, or (grid) nothing left in the queue: what runs elsewhere finishes there."""
     return study.remaining(ostudy) == 0 or (study.spec.sampler.name == "grid" and study.waiting(ostudy) == 0)
 
 
-def _await_earlier(study: Study, ostudy: optuna.Study, number: int, key: str) -> None:
+def _await_earlier(study: Study, ostudy: optuna.Study, number: int, key: str, interrupts: _Interrupts) -> None:
     """Wait while an earlier trial (another worker's) trains the same configuration.
 
     Only earlier trials are waited for, so two workers never wait for each other; a stale one (its
@@ -91,5 +138,7 @@ def _await_earlier(study: Study, ostudy: optuna.Study, number: int, key: str) ->
         return
     running = (optuna.trial.TrialState.RUNNING,)
     while any(t.number < number and t.params.get("arch") == key for t in ostudy.get_trials(deepcopy=False, states=running)):
+        if interrupts.requested:
+            raise KeyboardInterrupt
         time.sleep(study.spec.heartbeat_s)
         study.waiting(ostudy)

@@ -185,7 +185,7 @@ class _Link:
                 trial = self._ostudy._storage.get_trial(trial_id)
                 if trial.state not in _FINISHED:
                     self.tell(number, state=optuna.trial.TrialState.FAIL)
-                    self._ostudy.enqueue_trial(trial.params, user_attrs={"retry_of": number})
+                    self.study().requeue(self._ostudy, trial)
         self.open_trials.clear()
         if self._beating is not None:
             self._beating.set()
@@ -238,16 +238,12 @@ class OptunaBridge(Searcher):
         return {ostudy.trials[n].params["arch"] for n in self.ray_ids.values()}
 
     def _answer_from_storage(self, number: int, key: str) -> bool:
-        """A configuration that already completed is not trained again: copy its results (as `local`)."""
+        """A configuration that already completed is not trained again (`Study.answer_from_storage`, as `local`)."""
         study, ostudy = self.link.open()
-        seen = study.completed(ostudy).get(key)
-        if seen is None:
+        values = study.answer_from_storage(ostudy, optuna.Trial(ostudy, self.link.open_trials[number]), study.configs[key])
+        if values is None:
             return False
-        trial = optuna.Trial(ostudy, self.link.open_trials[number])
-        for name, value in seen.user_attrs.items():
-            trial.set_user_attr(name, value)
-        trial.set_user_attr("duplicate_of", seen.number)
-        self.link.tell(number, values=list(seen.values))
+        self.link.tell(number, values=values)
         return True
 
     def _launch(self, trial_id: str, number: int, key: str) -> dict[str, Any]:
@@ -258,7 +254,8 @@ class OptunaBridge(Searcher):
         trial.set_user_attr("params", cfg.params)
         self.ray_ids[trial_id] = number
         self.curves[number] = []
-        return {"arch": key, "optuna_number": number}
+        lineage = study.lineage(ostudy._storage.get_trial(self.link.open_trials[number]))  # a retry resumes its checkpoint
+        return {"arch": key, "optuna_number": number, "lineage": lineage}
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         self._record_epoch(trial_id, result)
@@ -343,7 +340,8 @@ def train_trial(config: dict[str, Any], link: _Link) -> None:
     cfg = study.configs[config["arch"]]
     cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
     torch.set_num_threads(max(1, int(cpus)))  # Ray sets OMP_NUM_THREADS=1; use what the trial was given
-    folder = study.checkpoint_dir(cfg)
+    lineage = config.get("lineage", config["optuna_number"])
+    folder = study.checkpoint_dir(cfg, lineage)
     previous = tune.get_checkpoint()
     if previous is not None:  # a retry after a dead worker or node: continue where Ray last saved
         shutil.rmtree(folder, ignore_errors=True)
@@ -355,7 +353,7 @@ def train_trial(config: dict[str, Any], link: _Link) -> None:
         tune.report({**metrics, "epoch": epoch + 1}, checkpoint=tune.Checkpoint.from_directory(str(folder)) if saved else None)
 
     try:
-        attrs = study.evaluate(cfg, on_epoch, trial_device(ray.get_gpu_ids()))
+        attrs = study.evaluate(cfg, lineage, on_epoch, trial_device(ray.get_gpu_ids()))
     except TrialFailed as err:  # a result, not a Ray error: Ray would retry it max_failures times
         tune.report({"fail_reason": str(err)})
         return

@@ -1,12 +1,15 @@
 """Model families by name, like timm's `register_model` / `create_model`.
 
 A family knows how to count a configuration's parameters (and forward FLOPs) without building it,
-and how to build it. Adding a family is one new module in this package that calls `register`.
+and how to build it. Adding a family is one new module in this package that calls `register`; a
+family in the user's own package arrives as a plugin (`explorer.plugins`: an `explorer.families`
+entry point, or `module:Class` named in the space's YAML).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -15,6 +18,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from pydantic import BaseModel
 
+from explorer import plugins
 from explorer.errors import ExplorerError
 
 Dims = Mapping[str, Any]
@@ -35,6 +39,7 @@ class Family(ABC):
     modality: ClassVar[Modality]
     counting: ClassVar[str]  # "closed-form" or "meta-device (cached)": how `params` counts
     Dims: ClassVar[type[BaseModel]]
+    requires: ClassVar[tuple[str, str] | None] = None  # (module, pip extra) of an optional package it needs
 
     def check(self, dims: Dims) -> BaseModel:
         """Validate `dims` against the family's dimensions model (raises pydantic.ValidationError)."""
@@ -72,14 +77,35 @@ def _load_all() -> None:
 
 
 def get_family(name: str) -> Family:
-    """The registered family called `name`; an ExplorerError lists the known ones otherwise."""
+    """The family called `name`: registered here, an entry point, or a `module:Class` plugin.
+
+    An ExplorerError (one line) lists the known names for an unknown one, says what a broken plugin
+    raised, and says how to install the optional package a family needs when it is missing.
+    """
     _load_all()
+    if name not in _REGISTRY:
+        family_cls = plugins.load("family", name, Family)
+        if family_cls is None:
+            raise ExplorerError(f"unknown family {name!r}; known: {', '.join(family_names())} (or a plugin's module:Class)")
+        _REGISTRY[name] = plugins.guarded(f"family plugin {name!r}", family_cls)
+    family = _REGISTRY[name]
+    _check_installed(name, family)
+    return family
+
+
+def _check_installed(name: str, family: Family) -> None:
+    if family.requires is None:
+        return
+    module, extra = family.requires
     try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ExplorerError(f"unknown family {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+        found = importlib.util.find_spec(module) is not None
+    except ValueError:  # sys.modules[module] is None: imports of it are blocked
+        found = False
+    if not found:
+        raise ExplorerError(f"family {name!r} needs {module}, which is not installed: pip install 'explorer[{extra}]'")
 
 
 def family_names() -> list[str]:
+    """Registered families and those installed packages offer through entry points."""
     _load_all()
-    return sorted(_REGISTRY)
+    return sorted({*_REGISTRY, *plugins.entry_point_names("family")})

@@ -2,27 +2,32 @@
 
 Each maps explorer's dimensions onto `timm.create_model(model, pretrained=False, **kwargs)`; anything
 left unset (None) keeps the named model's own value. Counting builds the model on the `meta` device
-(no memory, no weights) and caches the result per configuration: a closed form for five timm
-architectures would duplicate timm's internals and drift from them. FLOPs are counted the same way,
+(no memory, no weights) and caches the result per configuration on disk (`_disk_cache`: a space's
+counts cost seconds of building the first time only): a closed form for five timm architectures
+would duplicate timm's internals and drift from them. FLOPs are counted the same way,
 by torch's FlopCounterMode over a meta-device forward of one image (matmuls, convolutions and
 attention, 2 per multiply-add), so they are exact for the built model rather than an estimate.
 """
 
 from __future__ import annotations
 
+import difflib
 import functools
+import json
 from typing import Any, ClassVar
 
 import timm
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from explorer.families import Dims, Family, register
+from explorer.families._disk_cache import DiskCounts
 from explorer.families._transformer import check_heads
 
 Kwargs = tuple[tuple[str, Any], ...]
+_COUNTS = DiskCounts()  # parameter counts, FLOPs and default widths, by model and kwargs
 
 
 class TimmDims(BaseModel):
@@ -42,10 +47,25 @@ class TimmDims(BaseModel):
 
     prefix: ClassVar[str]
 
+    @field_validator("model")
+    @classmethod
+    def _known(cls, model: str) -> str:
+        """A model of this family, or one line saying what is wrong: another family's model, or a typo."""
+        if model.startswith(cls.prefix) and timm.is_model(model):
+            return model
+        example = cls.model_fields["model"].default
+        if timm.is_model(model):
+            families = TimmFamily.__subclasses__()
+            other = next((f.name for f in families if model.startswith(f.Dims.prefix)), None)
+            fix = f"set family: {other}" if other else "explorer's timm families: " + ", ".join(f"{f.name} ({f.Dims.prefix}*)" for f in families)
+            raise ValueError(f"model {model!r} is not a {cls.prefix}* model, the ones whose depth and heads this "
+                             f"family varies (e.g. {example}); {fix}")
+        close = difflib.get_close_matches(model, timm.list_models(f"{cls.prefix}*"), n=3)
+        hint = f"did you mean {', '.join(close)}?" if close else f"see timm.list_models('{cls.prefix}*'), e.g. {example}"
+        raise ValueError(f"model {model!r} is not a timm model; {hint}")
+
     @model_validator(mode="after")
     def _fits(self) -> "TimmDims":
-        if not (self.model.startswith(self.prefix) and timm.is_model(self.model)):
-            raise ValueError(f"model {self.model!r} is not a timm {self.prefix}* model")
         check_heads(self.resolved_width(), self.heads)
         return self
 
@@ -53,8 +73,12 @@ class TimmDims(BaseModel):
         """`width`, or the named model's embed dim (DaViT: its first stage's)."""
         if self.width is not None:
             return self.width
-        net = _meta_default(self.model)
-        return net.embed_dim if hasattr(net, "embed_dim") else net.stem.conv.out_channels
+
+        def default_width() -> int:
+            net = _meta_default(self.model)
+            return net.embed_dim if hasattr(net, "embed_dim") else net.stem.conv.out_channels
+
+        return _COUNTS.get(f"width {self.model}", default_width)
 
 
 class PatchDims(TimmDims):
@@ -104,21 +128,25 @@ def _meta_default(model: str) -> nn.Module:
         return timm.create_model(model, pretrained=False)
 
 
-@functools.lru_cache(maxsize=4096)
 def _meta_params(model: str, kwargs: Kwargs) -> int:
-    with torch.device("meta"):
-        net = timm.create_model(model, pretrained=False, **dict(kwargs))
-    return sum(p.numel() for p in net.parameters())
+    def count() -> int:
+        with torch.device("meta"):
+            net = timm.create_model(model, pretrained=False, **dict(kwargs))
+        return sum(p.numel() for p in net.parameters())
+
+    return _COUNTS.get(f"params {model} {json.dumps(kwargs)}", count)
 
 
-@functools.lru_cache(maxsize=4096)
 def _meta_flops(model: str, kwargs: Kwargs, in_chans: int, img_size: int) -> int:
-    with torch.device("meta"):
-        net = timm.create_model(model, pretrained=False, **dict(kwargs))
-    counter = FlopCounterMode(display=False)
-    with counter, torch.no_grad():
-        net(torch.empty(1, in_chans, img_size, img_size, device="meta"))
-    return int(counter.get_total_flops())
+    def count() -> int:
+        with torch.device("meta"):
+            net = timm.create_model(model, pretrained=False, **dict(kwargs))
+        counter = FlopCounterMode(display=False)
+        with counter, torch.no_grad():
+            net(torch.empty(1, in_chans, img_size, img_size, device="meta"))
+        return int(counter.get_total_flops())
+
+    return _COUNTS.get(f"flops {model} {json.dumps(kwargs)} {in_chans} {img_size}", count)
 
 
 class TimmFamily(Family):

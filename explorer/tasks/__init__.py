@@ -3,7 +3,9 @@
 A task is configured by the study YAML's `task:` mapping (its `name` picks the task, the rest are
 the task's validated `Options`). `dims()` tells the search space what the data fixes (image size,
 vocabulary, classes) without loading it; `load(batch_size, seed)` gives train/eval loaders whose
-batches are `(x, y)` tensors. Adding a task is one new module in this package that calls `register`.
+batches are `(x, y)` tensors. Adding a task is one new module in this package that calls `register`;
+a task in the user's own package arrives as a plugin (`explorer.plugins`: an `explorer.tasks` entry
+point, or `module:Class` as the task's name in the study YAML).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from pydantic import BaseModel, ValidationError
 from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 
+from explorer import plugins
 from explorer.errors import ExplorerError
 from explorer.yamlio import validation_error
 
@@ -84,8 +87,9 @@ def _load_all() -> None:
 
 
 def task_names() -> list[str]:
+    """Registered tasks and those installed packages offer through entry points."""
     _load_all()
-    return sorted(_REGISTRY)
+    return sorted({*_REGISTRY, *plugins.entry_point_names("task")})
 
 
 def get_task(name: str, options: dict[str, Any] | None = None, source: str | None = None) -> Task:
@@ -94,16 +98,20 @@ def get_task(name: str, options: dict[str, Any] | None = None, source: str | Non
     An unknown name or a bad option is an ExplorerError naming `source` and the field.
     """
     _load_all()
-    try:
-        task_cls = _REGISTRY[name]
-    except KeyError:
-        raise ExplorerError(
-            f"unknown task {name!r}; known: {', '.join(sorted(_REGISTRY))}", source=source, field="task.name"
-        ) from None
+    if name not in _REGISTRY:
+        try:
+            plugin = plugins.load("task", name, Task)
+        except ExplorerError as err:
+            raise ExplorerError(str(err), source=source, field="task.name") from None
+        if plugin is None:
+            raise ExplorerError(f"unknown task {name!r}; known: {', '.join(task_names())} (or a plugin's module:Class)",
+                                source=source, field="task.name")
+        _REGISTRY[name] = plugin
+    task_cls = _REGISTRY[name]
     try:
         opts = task_cls.Options.model_validate(dict(options or {}))
     except ValidationError as err:
-        raise validation_error(err, source or "", prefix="task") from None
+        raise validation_error(err, source or "", prefix="task", model=task_cls.Options) from None
     return task_cls(opts, source=source)
 
 
