@@ -135,7 +135,7 @@ def test_study_stored_with_arch_before_the_ordered_encoding_resumes(tmp_path: Pa
     old.set_user_attr("identity", study.identity())
     for key in keys[:2]:  # two trials trained and stored as the old code did
         trial = old.ask({ARCH: optuna.distributions.CategoricalDistribution(keys)})
-        attrs = study.evaluate(study.configs[trial.params[ARCH]])
+        attrs = study.evaluate(study.configs[trial.params[ARCH]], trial.number)
         for name, value in attrs.items():
             trial.set_user_attr(name, value)
         old.tell(trial, study.values(attrs))
