@@ -26,6 +26,7 @@ from explorer import checkpoints
 from explorer.conditioning import kappa_attrs, space_regime
 from explorer.errors import ExplorerError, TrialFailed
 from explorer.pruning import BinnedPruner, Peer, bin_edges
+from explorer.sampling import BudgetSampler, Encoding, FeasibleSampler, encoding_of
 from explorer.space import Config, SearchSpace, SpaceSpec, load_space
 from explorer.sqlite_storage import SQLiteStorage, reading
 from explorer.tasks import Task, get_task
@@ -48,8 +49,11 @@ class Objective(BaseModel):
 
 
 class SamplerSpec(BaseModel):
+    """Which sampler proposes configurations (explorer.sampling): `budget-ei` (explorer's own, the
+    default: it won bench/search.py), Optuna's `tpe`, `gp`, `nsga2`, `random`, or `grid` (every one)."""
+
     model_config = ConfigDict(extra="forbid")
-    name: Literal["nsga2", "tpe", "grid", "random"] = "nsga2"
+    name: Literal["budget-ei", "tpe", "gp", "nsga2", "random", "grid"] = "budget-ei"
     seed: int = 0
     population_size: int = Field(8, ge=2)  # nsga2 only
 
@@ -261,15 +265,26 @@ class Study:
         return ExplorerError(f"{what} storage {_shown(self.storage_url)!r}: {text[0] if text else type(err).__name__}{hint}",
                              source=str(self.source), field="storage")
 
-    def sampler(self) -> optuna.samplers.BaseSampler:
-        s = self.spec.sampler
-        if s.name == "grid":
-            return optuna.samplers.GridSampler({"arch": self.keys}, seed=s.seed)
-        if s.name == "tpe":
-            return optuna.samplers.TPESampler(seed=s.seed, multivariate=True)
-        if s.name == "random":
-            return optuna.samplers.RandomSampler(seed=s.seed)
-        return optuna.samplers.NSGAIISampler(population_size=s.population_size, seed=s.seed)
+    def encoding(self, study: optuna.Study | None = None) -> Encoding:
+        """How this study's configurations are Optuna parameters: ordered, or `arch` for a study stored
+        before the ordered encoding (chosen once per opened study, from its stored trials)."""
+        if study is not None or not hasattr(self, "_encoding"):
+            self._encoding = encoding_of(self.space, study)
+        return self._encoding
+
+    def sampler(self, study: optuna.Study | None = None) -> optuna.samplers.BaseSampler:
+        """The spec's sampler over `study`'s encoding; every proposal is a feasible configuration no
+        trial has taken (explorer.sampling). TPE runs with a constant liar for parallel workers."""
+        s, enc = self.spec.sampler, self.encoding(study)
+        if s.name == "budget-ei":
+            metric = [o.name for o in self.objectives].index(self.task.metric)
+            return BudgetSampler(enc, metric, self.objectives[metric].direction == "maximize", seed=s.seed)
+        inner = {
+            "tpe": lambda: optuna.samplers.TPESampler(seed=s.seed, multivariate=True, constant_liar=True),
+            "gp": lambda: optuna.samplers.GPSampler(seed=s.seed),
+            "nsga2": lambda: optuna.samplers.NSGAIISampler(population_size=s.population_size, seed=s.seed),
+        }.get(s.name, lambda: optuna.samplers.RandomSampler(seed=s.seed))()  # grid: the queue decides; random fills
+        return FeasibleSampler(enc, inner, seed=s.seed)
 
     def pruner(self) -> BinnedPruner:
         p = self.spec.pruner
@@ -300,6 +315,7 @@ class Study:
                     study = optuna.load_study(**kwargs)
             else:
                 study = optuna.load_study(**kwargs)
+            study.sampler = self.sampler(study)  # over the stored study's encoding
             self._check_identity(study, created, force)
         except KeyError:
             raise ExplorerError(f"no study {self.spec.name!r} in {self.storage_url}", source=str(self.source)) from None
@@ -351,7 +367,7 @@ class Study:
                 raise ExplorerError("the stored study has other objectives", source=str(self.source), field="objectives")
             self.queue_grid(study)
             study.set_metric_names([o.name for o in self.objectives])  # optuna-dashboard and optuna.visualization label them
-            for key, value in {**identity, "spec": self.spec.model_dump(mode="json"), "space": self.space.to_dict(),
+            for key, value in {**identity, "encoding": self.encoding().name, "spec": self.spec.model_dump(mode="json"), "space": self.space.to_dict(),
                                "baseline": self.space.baseline.key if self.space.baseline else None,
                                "metric": self.task.metric, "higher_is_better": self.task.higher_is_better,
                                "objectives": [o.model_dump() for o in self.objectives]}.items():
@@ -453,8 +469,12 @@ class Study:
         return {cfg.key: cfg for cfg in self.space.configs()}
 
     def suggest(self, trial: optuna.Trial) -> Config:
-        """Sample only feasible configurations: a categorical over their keys."""
-        return self.configs[trial.suggest_categorical("arch", self.keys)]
+        """The trial's configuration as the sampler proposed it: always feasible (explorer.sampling).
+
+        Its ordered parameters (layers, heads, ...) are what samplers model; its key is stored as the
+        categorical `arch` too, which queues, executors and dashboards read.
+        """
+        return self.encoding(trial.study if not hasattr(self, "_encoding") else None).suggest(trial)
 
     def checkpoint_dir(self, cfg: Config, lineage: int) -> Path:
         """Where the trial `lineage` (and its retries) keeps its checkpoint (explorer.checkpoints)."""

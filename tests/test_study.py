@@ -63,12 +63,15 @@ def test_rerun_of_a_finished_study_does_nothing(tiny_study: Path) -> None:
 
 
 def test_duplicates_are_answered_from_storage_and_never_counted_as_measurements(tmp_path: Path) -> None:
-    """A random sampler on 6 configurations with n_trials 12 proposes measured ones again: each is
-    trained once, its repeats are recorded as duplicates (Optuna learns from them) and no consumer
-    counts them: n_trials, pruning peers, the frame, the surface fit."""
+    """A configuration queued twice (samplers propose only untaken ones, explorer.sampling, but queues,
+    retries and `--verify` can repeat one) is trained once, its repeat is recorded as a duplicate
+    (Optuna learns from it) and no consumer counts it: n_trials, pruning peers, the frame, the surface fit."""
     path = write_study(tmp_path, sampler={"name": "random", "seed": 0}, n_trials=12)
-    ostudy = run(path)
     study = load_study_spec(path)
+    ostudy = study.open()
+    for _ in range(2):
+        ostudy.enqueue_trial({"arch": study.keys[0]})
+    LocalExecutor().run(study, ostudy)
     trials = ostudy.get_trials(states=(COMPLETE,))
     duplicates = [t for t in trials if "duplicate_of" in t.user_attrs]
     assert duplicates and all(t.values == ostudy.trials[t.user_attrs["duplicate_of"]].values for t in duplicates)

@@ -1,0 +1,294 @@
+"""Samplers replayed against complete tables of real runs: which one finds the budget front fastest.
+
+    python bench/search.py [--seeds 20] [--jobs 2] [--gp-seeds 20]
+
+For each table under bench/data/ (every configuration of a space trained at several seeds by
+bench/build_tables.py) each sampler runs an Optuna study (maximize the metric, minimize parameters)
+whose trials are answered from the table: a query of a configuration returns one of its replicates
+at random, so the noise is the real one. A configuration proposed again is answered with its first
+result and does not count as an evaluation (as in a study); a sampler gets at most 4 asks per
+evaluation. At 10%, 25% and 50% of the grid's evaluations it prints, as means over optimizer seeds:
+
+- budget regret: at 10 budgets log-uniform over the parameter range, the true (replicate-mean) metric
+  of the best configuration within the budget minus that of the configuration the study would
+  recommend (its best measured one within the budget), averaged over budgets, in metric points;
+- normalised hypervolume: of the measured configurations' true metrics against log-parameters,
+  over that of the table's whole true front;
+
+with ratios against Optuna's RandomSampler over `arch`. Then the same default sampler with and
+without pruning within parameter bins (explorer.pruning, replayed on the per-epoch curves): epochs
+spent to reach (within 10%) the regret the unpruned run has after 10/25/50% of the grid, and the
+regret of each at equal epochs. Last, from the tables alone: Kendall's tau between the ranking
+after e epochs and after all epochs, within parameter bins, the evidence both short runs and
+pruning rest on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import optuna
+from scipy.stats import kendalltau
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.build_tables import read_table  # noqa: E402
+from explorer.pareto import hypervolume  # noqa: E402
+from explorer.pruning import BinnedPruner, Peer, bin_edges  # noqa: E402
+from explorer.sampling import ArchEncoding, BudgetSampler, Encoding, FeasibleSampler  # noqa: E402
+from explorer.space import load_space  # noqa: E402
+
+TABLES = {"digits-vit": "spaces/vit-digits.yaml", "digits-wide": "spaces/digits-wide.yaml"}
+FRACTIONS = (0.10, 0.25, 0.50)
+BUDGETS = 10
+ASKS_PER_EVAL = 4
+DEFAULT = "budget-ei"  # explorer's default sampler (explorer.study.SamplerSpec)
+# ablations that settle a design question at a glance but cost minutes per replay: fewer seeds
+FEW_SEEDS = ("gp", "tpe-constraints", "tpe-repeats")
+
+
+@dataclass
+class Table:
+    """A table's truth: per configuration its replicates (final metric, curve) and their mean."""
+
+    name: str
+    encoding: Encoding
+    arch: ArchEncoding
+    replicates: dict[str, list[tuple[float, list[float]]]]
+    mean: dict[str, float]
+    params: dict[str, int]
+
+    @classmethod
+    @functools.lru_cache(maxsize=4)  # once per worker process
+    def load(cls, name: str, data: Path = ROOT / "bench" / "data") -> "Table":
+        space = load_space(ROOT / TABLES[name])
+        frame = read_table(Path(data) / f"{name}.csv.gz")
+        reps: dict[str, list] = {}
+        for row in frame.itertuples():
+            reps.setdefault(row.key, []).append((float(row.metric), list(row.curve)))
+        enc = Encoding(space)
+        missing = [c.key for c in enc.configs if c.key not in reps]
+        if missing:
+            raise SystemExit(f"{name}: {len(missing)} configurations missing from the table (rebuild it)")
+        return cls(name, enc, ArchEncoding(space), reps, {k: float(np.mean([m for m, _ in v])) for k, v in reps.items()},
+                   {c.key: c.params for c in enc.configs})
+
+    def budgets(self) -> np.ndarray:
+        p = np.array(list(self.params.values()), dtype=float)
+        return np.exp(np.linspace(np.log(p.min()), np.log(p.max()), BUDGETS))
+
+    def regret(self, measured: dict[str, float]) -> float:
+        """Mean over budgets of (true best within budget) - (true metric of the measured best within budget)."""
+        out = []
+        for b in self.budgets():
+            inside = [k for k, p in self.params.items() if p <= b * (1 + 1e-9)]
+            truth = max(self.mean[k] for k in inside)
+            mine = [k for k in measured if self.params[k] <= b * (1 + 1e-9)]
+            pick = max(mine, key=lambda k: measured[k]) if mine else min(inside, key=self.mean.get)
+            out.append(truth - self.mean[pick])
+        return 100 * float(np.mean(out))
+
+    def hypervolume(self, keys: list[str]) -> float:
+        """Hypervolume of `keys` at their true metrics and log parameters, over the whole table's."""
+        lp = {k: math.log(p) for k, p in self.params.items()}
+        ref = [min(self.mean.values()), max(lp.values())]
+        def hv(ks: list[str]) -> float:
+            if not ks:
+                return 0.0
+            pts = np.array([[self.mean[k], lp[k]] for k in ks])
+            return hypervolume(pts, ["maximize", "minimize"], ref)
+        return hv(keys) / hv(list(self.params))
+
+
+def samplers(table: Table, seed: int) -> dict[str, Callable[[], optuna.samplers.BaseSampler]]:
+    enc = table.encoding
+    tpe = lambda **kw: optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True, **kw)  # noqa: E731
+    return {
+        "random-arch": lambda: optuna.samplers.RandomSampler(seed=seed),
+        "nsga2-arch": lambda: optuna.samplers.NSGAIISampler(population_size=8, seed=seed),
+        "nsga2": lambda: FeasibleSampler(enc, optuna.samplers.NSGAIISampler(population_size=8, seed=seed), seed),
+        "tpe": lambda: FeasibleSampler(enc, tpe(), seed),
+        "tpe-repeats": lambda: FeasibleSampler(enc, tpe(), seed, avoid_taken=False),
+        "tpe-constraints": lambda: tpe(constraints_func=lambda t: t.user_attrs["infeasible"]),
+        "gp": lambda: FeasibleSampler(enc, optuna.samplers.GPSampler(seed=seed), seed),
+        "budget-ei": lambda: BudgetSampler(enc, 0, True, seed=seed),
+    }
+
+
+def replay(table_name: str, sampler: str, seed: int, prune: bool, data: str, last: float = FRACTIONS[-1]) -> dict:
+    """One optimizer seed of one sampler on one table: regret, hypervolume, epochs at each fraction."""
+    import torch
+
+    torch.set_num_threads(1)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    warnings.filterwarnings("ignore")
+    table = Table.load(table_name, Path(data))
+    n = len(table.params)
+    marks = sorted({max(1, math.ceil(f * n)) for f in FRACTIONS if f <= last})
+    rng = np.random.default_rng(10_000 + seed)
+    study = optuna.create_study(directions=["maximize", "minimize"], sampler=samplers(table, seed)[sampler]())
+    enc = table.arch if sampler.endswith("-arch") else table.encoding
+    pruner = BinnedPruner("median", True, bin_edges(list(table.params.values()), 3), warmup=2, startup=3)
+    first: dict[str, list[float]] = {}  # the first answer given for each configuration
+    measured: dict[str, float] = {}  # complete (not pruned) configurations' measured metric
+    peers: list[Peer] = []
+    epochs, asks, out, trace = 0, 0, {}, []
+    full = len(next(iter(table.replicates.values()))[0][1])  # epochs of an unpruned run
+    start = time.perf_counter()
+
+    def more() -> bool:  # a pruned run goes on until it spent the epochs the unpruned one spends at the last mark
+        enough = epochs >= full * marks[-1] if prune else len(first) >= marks[-1]
+        return not enough and len(first) < n and asks < ASKS_PER_EVAL * marks[-1] * (full if prune else 1)
+
+    while more():
+        asks += 1
+        trial = study.ask()
+        if sampler == "tpe-constraints":
+            params = {d: trial.suggest_int(d, dist.low, dist.high, log=dist.log) for d, dist in enc.ordered.items()}
+            cfg = enc.config(params)
+            trial.set_user_attr("infeasible", [0.0 if cfg is not None else 1.0])
+            if cfg is None:  # told as infeasible; costs no training and no evaluation
+                study.tell(trial, [min(table.mean.values()), max(table.params.values())])
+                continue
+        else:
+            cfg = enc.suggest(trial)
+        key = cfg.key
+        if key in first:  # a repeat: answered with the stored result, no evaluation spent
+            if key in measured:
+                study.tell(trial, [measured[key], cfg.params])
+            else:
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            continue
+        metric, curve = table.replicates[key][int(rng.integers(len(table.replicates[key])))]
+        first[key] = curve
+        done = len(curve)
+        if prune:
+            for e in range(1, len(curve)):
+                if pruner.should_prune(e, curve[e - 1], cfg.params, peers):
+                    done = e
+                    break
+        epochs += done
+        peers.append(Peer(cfg.params, curve[:done]))
+        if done < len(curve):
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        else:
+            measured[key] = metric
+            study.tell(trial, [metric, cfg.params])
+        if sampler == DEFAULT:
+            trace.append((epochs, table.regret(measured)))
+        if len(first) in marks and len(first) not in out:
+            out[len(first)] = {"regret": table.regret(measured), "hv": table.hypervolume(list(measured)), "epochs": epochs,
+                               "asks": asks}
+    for m in marks:  # a sampler that ran out of asks keeps its last state
+        out.setdefault(m, {"regret": table.regret(measured), "hv": table.hypervolume(list(measured)), "epochs": epochs, "asks": asks})
+    return {"table": table_name, "sampler": sampler, "seed": seed, "prune": prune, "marks": out, "trace": trace,
+            "seconds": time.perf_counter() - start, "full": full, "empty": table.regret({})}
+
+
+def _regret_at(results: list[dict], epochs: float) -> float:
+    """Mean over seeds of the regret after the last evaluation finished within `epochs`."""
+    out = []
+    for r in results:
+        within = [reg for e, reg in r["trace"] if e <= epochs]
+        out.append(within[-1] if within else r["empty"])
+    return float(np.mean(out))
+
+
+def kendall(table: Table, bins: int = 3) -> dict[int, float]:
+    """Mean over parameter bins of Kendall's tau between the replicate-mean metric at epoch e and at the end."""
+    keys = list(table.params)
+    curves = {k: np.mean([c for _, c in table.replicates[k]], axis=0) for k in keys}
+    epochs = len(next(iter(curves.values())))
+    edges = bin_edges([table.params[k] for k in keys], bins)
+    which = np.searchsorted(edges, [table.params[k] for k in keys], side="right")
+    out = {}
+    for e in sorted({1, 2, 3, max(1, epochs // 4), max(1, epochs // 2), epochs - 1} - {epochs}):
+        taus = []
+        for b in np.unique(which):
+            ks = [k for k, w in zip(keys, which) if w == b]
+            taus.append(kendalltau([curves[k][e - 1] for k in ks], [curves[k][-1] for k in ks]).statistic)
+        out[e] = float(np.mean(taus))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--few-seeds", type=int, default=5, help=f"seeds of the slow ablations {', '.join(FEW_SEEDS)}")
+    parser.add_argument("--gp-last", type=float, default=0.25, help="GPSampler stops at this fraction of the grid")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--tables", default=",".join(TABLES))
+    parser.add_argument("--samplers", default=None, help="comma-separated subset")
+    parser.add_argument("--data", default=str(ROOT / "bench" / "data"), help="the folder of the tables")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    tables = {name: Table.load(name, Path(args.data)) for name in args.tables.split(",")}
+    names = args.samplers.split(",") if args.samplers else list(samplers(next(iter(tables.values())), 0))
+    jobs = [(t, s, seed, False, args.data, args.gp_last if s == "gp" else FRACTIONS[-1])
+            for t in tables for s in names for seed in range(args.few_seeds if s in FEW_SEEDS else args.seeds)]
+    jobs.sort(key=lambda job: job[1] not in FEW_SEEDS)  # the slow ones first, so the pool ends together
+    jobs += [(t, DEFAULT, seed, True, args.data, FRACTIONS[-1]) for t in tables for seed in range(args.seeds)]
+    with ProcessPoolExecutor(args.jobs) as pool:
+        results = list(pool.map(replay, *zip(*jobs), chunksize=1))
+    for name, table in tables.items():
+        _print_table(table, [r for r in results if r["table"] == name], names)
+    print(f"\n{len(jobs)} replays in {(time.perf_counter() - start) / 60:.1f} min on {args.jobs} processes")
+
+
+def _print_table(table: Table, results: list[dict], names: list[str]) -> None:
+    n = len(table.params)
+    sd = np.median([np.std([m for m, _ in r], ddof=1) for r in table.replicates.values() if len(r) > 1])
+    counts = sorted({len(r) for r in table.replicates.values()})
+    seeds = f"{counts[0]}-{counts[-1]}" if len(counts) > 1 else str(counts[0])
+    print(f"\n== {table.name}: {n} configurations x {seeds} seeds; median replicate sd {100 * sd:.2f} points ==")
+    marks = sorted(next(iter(results))["marks"])
+    head = "".join(f"  {'regret@' + str(m):>14} {'x rnd':>5} {'HV@' + str(m):>6}" for m in marks)
+    print(f"{'sampler':<24}{'seeds':>5}{head}  {'s/seed':>6}")
+    def stats(rs: list[dict], m: int, what: str) -> tuple[float, float]:
+        v = [r["marks"][m][what] for r in rs]
+        return float(np.mean(v)), float(np.std(v))
+    plain = [r for r in results if not r["prune"]]
+    random = [r for r in plain if r["sampler"] == "random-arch"]
+    for s in names:
+        rs = [r for r in plain if r["sampler"] == s]
+        if not rs:
+            continue
+        cells = ""
+        for m in marks:
+            if m not in rs[0]["marks"]:
+                cells += f"  {'-':>14} {'':5} {'':6}"
+                continue
+            mean, spread = stats(rs, m, "regret")
+            ratio = mean / stats(random, m, "regret")[0] if random and stats(random, m, "regret")[0] else float("nan")
+            cells += f"  {mean:6.2f} ± {spread:5.2f} {ratio:5.2f} {stats(rs, m, 'hv')[0]:6.3f}"
+        label = s + (" (default)" if s == DEFAULT else "")
+        print(f"{label:<24}{len(rs):>5}{cells}  {np.mean([r['seconds'] for r in rs]):6.1f}")
+    pruned = [r for r in results if r["prune"] and r["sampler"] == DEFAULT]
+    unpruned = [r for r in plain if r["sampler"] == DEFAULT]
+    if pruned and unpruned:
+        full = unpruned[0]["full"]
+        print(f"pruning within 3 parameter bins (median rule, warmup 2, startup 3), {DEFAULT}, {len(pruned)} seeds:")
+        for m in marks:
+            spent = full * m  # what the unpruned run spends on m evaluations
+            r0, r1 = _regret_at(unpruned, spent), _regret_at(pruned, spent)
+            reach = next((e for e in range(1, spent + 1) if _regret_at(pruned, e) <= 1.1 * r0), None)
+            saved = f"{reach} epochs ({reach / spent:.2f}x)" if reach else "not within them"
+            print(f"  {spent:5} epochs (@{m}): regret {r0:5.2f} unpruned, {r1:5.2f} pruned; pruned reaches 1.1x the unpruned regret in {saved}")
+    taus = kendall(table)
+    print("Kendall's tau, ranking after e epochs vs all epochs, mean over 3 parameter bins: "
+          + ", ".join(f"e={e}: {t:.2f}" for e, t in taus.items()))
+
+
+if __name__ == "__main__":
+    main()
