@@ -169,8 +169,6 @@ def test_a_worker_killed_mid_trial_has_its_configuration_rerun_by_the_others(ser
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="Optuna's optimize() crashes (UnboundLocalError 'updated_state', a rich traceback) when the "
-                   "storage fails inside its tell: issue 14 bug 6, fixed by the lifecycle branch's local executor; remove this mark then")
 def test_a_server_restart_mid_study_loses_and_repeats_nothing(server: Server, tmp_path: Path) -> None:
     if server.pgdata is None:
         pytest.skip("the server given in EXPLORER_TEST_POSTGRES cannot be restarted here (no EXPLORER_TEST_PGDATA)")

@@ -31,10 +31,15 @@ class LocalExecutor(Executor):
     def run(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None = None) -> None:
         interrupts = _Interrupts()
         try:
-            with interrupts.installed():
+            with interrupts.installed(), _quiet_heartbeat_faults():
                 self._run(study, ostudy, on_trial, interrupts)
         except STORAGE_ERRORS as err:  # locked past the timeout, read-only, full, corrupt: finished trials stay stored
             raise study.storage_error(err) from None
+        except UnboundLocalError as err:  # Optuna's tell lost the storage, then its cleanup read an unset state
+            cause = _storage_fault(err)
+            if cause is None:
+                raise
+            raise study.storage_error(cause) from None
         if interrupts.requested:
             raise KeyboardInterrupt
 
@@ -142,3 +147,31 @@ def _await_earlier(study: Study, ostudy: optuna.Study, number: int, key: str, in
             raise KeyboardInterrupt
         time.sleep(study.spec.heartbeat_s)
         study.waiting(ostudy)
+
+
+@contextmanager
+def _quiet_heartbeat_faults() -> Iterator[None]:
+    """Optuna's heartbeat thread dies with a traceback when the storage goes away; the main thread
+    reports the same fault as one line on its next write, so the thread's traceback is left out."""
+    previous = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if not isinstance(args.exc_value, STORAGE_ERRORS):
+            previous(args)
+
+    threading.excepthook = hook
+    try:
+        yield
+    finally:
+        threading.excepthook = previous
+
+
+def _storage_fault(err: BaseException) -> BaseException | None:
+    """The storage error behind `err`, if any: when the storage fails inside Optuna's tell, its
+    `finally` reads a state its `except` never set, and the UnboundLocalError hides the real fault."""
+    seen = err.__context__
+    while seen is not None:
+        if isinstance(seen, STORAGE_ERRORS):
+            return seen
+        seen = seen.__context__
+    return None
