@@ -1,7 +1,11 @@
 """The best (layers, heads[, mlp]) split for a parameter budget: measured, or predicted and marked so.
 
-Measured: the best completed trial within the budget. Predicted: when a feasible configuration
-inside the budget was never run, a least-squares surface fitted on the study at fixed width,
+Measured: the configuration with the best mean over its replicate seeds within the budget, with its
+interval, the configurations tied with it (explorer.stats: no evidence that either is better) and the
+smallest of those, and the baseline as a paired difference. It says "beats" only where the interval
+excludes zero. Predicted: when a feasible configuration inside the budget was never run, a
+least-squares surface fitted on every measurement (each replicate a row, so the replicate noise is in
+its residual) at fixed width,
 
     metric ~ a + b*log(layers) + c*log(heads) + d*log(layers)*log(heads)   [+ e*log(mlp)]
 
@@ -22,6 +26,7 @@ import pandas as pd
 from scipy import stats
 
 from explorer.errors import ExplorerError
+from explorer.stats import Comparison, compare, groups_of, summarize
 from explorer.units import format_count, parse_count
 
 Candidate = tuple[str, dict[str, Any], int]  # (config key, complete dims, exact params)
@@ -112,26 +117,37 @@ class Recommendation:
     mlp: int | None
     params: int
     metric: str
-    value: float
+    value: float  # the mean over its seeds (measured) or the surface's prediction
     kind: Literal["measured", "predicted"]
-    trial: int | None = None  # the trial that measured it
+    trial: int | None = None  # the first trial that measured it
+    n: int = 0  # seeds behind `value` (measured)
+    half: float = math.nan  # 95% half-width of `value`: the t interval of the mean (NaN: one seed, no interval)
     uncertainty: float | None = None  # 95% prediction half-width (predicted only)
     model: str | None = None  # the fitted surface, in words (predicted only)
     measured_key: str | None = None  # the measured best it was compared against (predicted only)
     measured_value: float | None = None
+    tied: tuple[str, ...] = ()  # measured configurations within budget tied with it, by params
+    tied_params: tuple[int, ...] = ()
     baseline_key: str | None = None
     baseline_value: float | None = None
     baseline_params: int | None = None
-    margin: float | None = None  # value - baseline value, signed so > 0 means better
+    baseline: Comparison | None = None  # it against the baseline, > 0 meaning better
     verify: tuple[str, ...] = ()  # study configs around it: a follow-up study runs these
 
+    @property
+    def margin(self) -> float | None:
+        """value - baseline value, signed so > 0 means better (paired over shared seeds where measured)."""
+        return None if self.baseline is None else self.baseline.diff
+
     def lines(self) -> list[str]:
-        """The recommendation as a few lines for a terminal."""
+        """The recommendation as a few lines for a terminal: never "beats" without an interval excluding 0."""
         shown = f"{self.metric} {self.value:.4g}"
         if self.kind == "predicted":
             shown += f" ± {self.uncertainty:.2g} (predicted, not measured)"
+        elif math.isfinite(self.half):
+            shown += f" ± {self.half:.2g} (mean of {self.n} seeds, 95% t interval; first trial {self.trial})"
         else:
-            shown += f" (measured, trial {self.trial})"
+            shown += f" (trial {self.trial}; {self.n} seed: no interval, set budget.seeds for replicates)"
         out = [
             f"budget {format_count(self.budget)}: {self.key} (mlp={self.mlp}, width={self.width}), "
             f"{format_count(self.params)} params, {shown}"
@@ -140,14 +156,18 @@ class Recommendation:
             out.append(f"model: {self.model}")
             if self.measured_key is not None:
                 out.append(f"best measured within budget: {self.measured_key}, {self.measured_value:.4g}")
+        if self.tied:
+            listed = ", ".join(f"{k} ({format_count(p)})" for k, p in zip(self.tied, self.tied_params))
+            out.append(f"tied with it (no evidence either is better): {listed}; the smallest: {self.tied[0]}")
+        elif self.kind == "measured" and math.isfinite(self.half):
+            out.append("nothing else within budget is tied with it")
         if self.baseline_key is not None and self.baseline_value is None:
             out.append(f"baseline {self.baseline_key} has no completed trial in this study")
-        elif self.baseline_key is not None:
-            verdict = "beats" if (self.margin or 0) > 0 else "does not beat"
-            out.append(
-                f"{verdict} baseline {self.baseline_key} ({format_count(self.baseline_params or 0)} params, "
-                f"{self.metric} {self.baseline_value:.4g}) by {self.margin:+.4g}"
-            )
+        elif self.baseline is not None and self.key == self.baseline_key:
+            out.append(f"it is the baseline ({format_count(self.baseline_params or 0)} params)")
+        elif self.baseline is not None:
+            out.append(f"baseline {self.baseline_key} ({format_count(self.baseline_params or 0)} params, {self.metric} "
+                       f"{self.baseline_value:.4g}): " + self.baseline.words(self.key, "the baseline"))
         out.append("verify around it: " + "; ".join(self.verify))
         return out
 
@@ -229,13 +249,18 @@ def recommend(
     """
     sign = 1.0 if higher_is_better else -1.0
     done = _measurements(df).dropna(subset=[metric, "params"])
-    inside = done[done["params"] <= budget]
+    direction = "maximize" if higher_is_better else "minimize"
+    table = summarize(done, metric, [(metric, direction), ("params", "minimize")], draws=0)
+    groups = groups_of(table)
+    pooled = table.attrs.get("pooled")
+    first = done.groupby("arch")["number"].min() if len(done) else pd.Series(dtype=int)
+    inside = table[table["params"] <= budget]
     measured: dict[str, Any] | None = None
     if len(inside):  # ties: fewer params, then the earlier trial
-        best = inside.assign(_score=sign * inside[metric])
+        best = inside.assign(_score=sign * inside["mean"], number=inside["arch"].map(first))
         best = best.sort_values(["_score", "params", "number"], ascending=[False, True, True]).iloc[0]
-        measured = {**best.to_dict(), "key": best["arch"], "value": float(best[metric]), "kind": "measured",
-                    "trial": int(best["number"])}
+        measured = {**best.to_dict(), "key": best["arch"], "value": float(best["mean"]), "kind": "measured",
+                    "trial": int(best["number"]), "n": int(best["n"]), "half": float(best["hi"] - best["mean"])}
     predicted = [
         p for p in _predictions(done, candidates, budget, metric)
         if measured is None or sign * p["value"] - p["uncertainty"] > sign * measured["value"]
@@ -247,12 +272,23 @@ def recommend(
             field="budget",
         )
 
-    base = done[done["arch"] == baseline_key] if baseline_key is not None else done.iloc[0:0]
-    base_value = base_params = margin = None
-    if len(base):
-        top = base.assign(_score=sign * base[metric]).sort_values("_score", ascending=False).iloc[0]
-        base_value, base_params = float(top[metric]), int(top["params"])
-        margin = sign * (chosen["value"] - base_value)
+    tied: list[tuple[int, str]] = []
+    if chosen["kind"] == "measured":
+        for row in inside.itertuples():
+            c = compare(groups[chosen["key"]], groups[row.arch], higher_is_better, pooled=pooled)
+            if row.arch != chosen["key"] and math.isfinite(c.half) and c.tied:
+                tied.append((int(row.params), row.arch))
+    tied.sort()
+
+    base_value = base_params = comparison = None
+    if baseline_key in groups:
+        base = table[table["arch"] == baseline_key].iloc[0]
+        base_value, base_params = float(base["mean"]), int(base["params"])
+        if chosen["kind"] == "measured":
+            comparison = compare(groups[chosen["key"]], groups[baseline_key], higher_is_better, pooled=pooled)
+        else:  # a prediction against a measured mean: unpaired, both uncertainties
+            half = math.hypot(chosen["uncertainty"], float(base["hi"] - base["mean"]) if math.isfinite(base["hi"]) else 0.0)
+            comparison = Comparison(sign * (chosen["value"] - base_value), half, 0, math.nan)
     elif baseline_key is not None:
         base_params = next((p for k, _, p in candidates if k == baseline_key), None)
 
@@ -269,13 +305,17 @@ def recommend(
         value=float(chosen["value"]),
         kind=chosen["kind"],
         trial=chosen.get("trial"),
+        n=int(chosen.get("n", 0)),
+        half=float(chosen.get("half", math.nan)),
         uncertainty=chosen.get("uncertainty"),
         model=chosen.get("model"),
         measured_key=prior["key"] if prior else None,
         measured_value=prior["value"] if prior else None,
         baseline_key=baseline_key,
         baseline_value=base_value,
+        tied=tuple(k for _, k in tied),
+        tied_params=tuple(p for p, _ in tied),
         baseline_params=base_params,
-        margin=margin,
+        baseline=comparison,
         verify=_neighbours(str(chosen["key"]), _known(done, candidates), budget),
     )

@@ -192,13 +192,29 @@ def front_probability(table: pd.DataFrame, metric: str, objectives: Sequence[tup
     base = table[names].to_numpy(float)
     col = names.index(metric)
     dof = np.maximum(table["dof"].to_numpy(float), 1e-9)
-    noise = rng.standard_t(dof, size=(draws, len(table))) * np.nan_to_num(table["se"].to_numpy(float))
+    drawn = base[:, col] + rng.standard_t(dof, size=(draws, len(table))) * np.nan_to_num(table["se"].to_numpy(float))
+    if len(names) == 2:
+        return _front_share_2d(drawn, base[:, 1 - col], dirs[col] == "maximize", dirs[1 - col] == "maximize")
     hits = np.zeros(len(table))
-    for shift in noise:
+    for row in drawn:
         values = base.copy()
-        values[:, col] += shift
+        values[:, col] = row
         hits += pareto_mask(values, dirs)
     return hits / draws
+
+
+def _front_share_2d(drawn: np.ndarray, cost: np.ndarray, metric_up: bool, cost_up: bool) -> np.ndarray:
+    """`front_probability` for one drawn metric and one fixed objective, all draws at once: a
+    configuration is on the front when it is the best of its cost and better than everything cheaper."""
+    x = drawn if metric_up else -drawn
+    c = -cost if cost_up else cost
+    levels, group = np.unique(c, return_inverse=True)
+    best = np.full((len(x), len(levels)), -np.inf)
+    for g in range(len(levels)):
+        best[:, g] = x[:, group == g].max(axis=1)
+    before = np.concatenate([np.full((len(x), 1), -np.inf), np.maximum.accumulate(best, axis=1)[:, :-1]], axis=1)
+    on = (x >= best[:, group]) & (x > before[:, group])
+    return on.mean(axis=0)
 
 
 def _dominates(a: pd.Series, b: pd.Series, metric: str, objectives: Sequence[tuple[str, str]]) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import re
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from typing import Any, Literal
 
 import numpy as np
 import optuna
+import pandas as pd
 import sqlalchemy
 import sqlalchemy.exc
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -25,10 +27,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from explorer import checkpoints
 from explorer.conditioning import kappa_attrs, space_regime
 from explorer.errors import ExplorerError, TrialFailed
+from explorer.frame import trials_frame
+from explorer.replicates import ReplicateSpec, wanted
 from explorer.pruning import BinnedPruner, Peer, bin_edges
 from explorer.sampling import BudgetSampler, Encoding, FeasibleSampler, encoding_of
 from explorer.space import Config, SearchSpace, SpaceSpec, load_space
 from explorer.sqlite_storage import SQLiteStorage, reading
+from explorer.stats import summarize
 from explorer.tasks import Task, get_task
 from explorer.train import Budget, TrialResult, run_trial
 from explorer.watchdog import time_limit
@@ -73,7 +78,8 @@ class PrunerSpec(BaseModel):
 class ExecutorSpec(BaseModel):
     """Where trials run: `local` (in this process) or `ray` (Ray Tune; `address` joins a cluster).
 
-    `cpu` and `gpu` are the resources of one trial (torch's CPU threads, locally); `max_concurrent`,
+    `cpu` and `gpu` are the resources of one trial (torch's CPU threads, locally); `n_jobs` trials train
+    at once in a local executor's process (threads, as Optuna's `optimize(n_jobs=...)`); `max_concurrent`,
     `max_failures` (retries of a trial whose worker died), `address` and `storage_path` (where Ray Tune
     keeps trial checkpoints: a folder every node shares, or a URI such as s3://bucket/path) are Ray's.
     """
@@ -83,6 +89,7 @@ class ExecutorSpec(BaseModel):
     address: str | None = None
     cpu: float = Field(1, gt=0)
     gpu: float = Field(0, ge=0)
+    n_jobs: int = Field(1, ge=1)
     max_concurrent: int = Field(2, ge=1)
     max_failures: int = Field(2, ge=0)
     storage_path: str | None = None
@@ -96,6 +103,7 @@ class StudySpec(BaseModel):
     space: str
     task: dict[str, Any]
     budget: Budget = Budget()
+    replicates: ReplicateSpec = ReplicateSpec()  # how budget.seeds are spent: fixed or adaptive
     objectives: list[Objective] | None = None
     sampler: SamplerSpec = SamplerSpec()
     pruner: PrunerSpec = PrunerSpec()
@@ -147,6 +155,7 @@ class Study:
         self.objectives: list[Objective] = spec.objectives or self._default_objectives()
         self._check_objectives()
         self._check_task_fits_space()
+        self._queueing = threading.Lock()
 
     def to_data(self) -> dict[str, Any]:
         """The resolved study as plain data, for machines that do not have its files (Ray worker nodes)."""
@@ -445,6 +454,8 @@ class Study:
         alive: set[str] = set()
         deaths: dict[str, int] = {}
         for t in study.get_trials(deepcopy=False):
+            if t.user_attrs.get("replicate"):  # queue_replicates queues a lost replicate again
+                continue
             key = t.system_attrs.get("fixed_params", t.params).get("arch")
             if t.state == optuna.trial.TrialState.FAIL and "fail_reason" not in t.user_attrs:
                 deaths[key] = deaths.get(key, 0) + 1
@@ -459,7 +470,7 @@ class Study:
         return {
             "space": self.space.fingerprint,
             "task": {k: v for k, v in self.spec.task.items()},
-            "budget": self.spec.budget.model_dump(mode="json"),
+            "budget": self.spec.budget.model_dump(mode="json", exclude={"seeds"}),
             "objectives": [f"{o.direction} {o.name}" for o in self.objectives],
         }
 
@@ -483,10 +494,69 @@ class Study:
     lineage = staticmethod(checkpoints.lineage)
 
     def requeue(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        """Queue a trial that did not finish (interrupted, reclaimed) again: its retry resumes its checkpoint."""
-        study.enqueue_trial(trial.params, user_attrs={"retry_of": self.lineage(trial)})
+        """Queue a trial that did not finish (interrupted, reclaimed) again: its retry resumes its checkpoint,
+        at its seed (a replicate stays one)."""
+        kept = {k: trial.user_attrs[k] for k in ("seed", "replicate", "verify") if k in trial.user_attrs}
+        study.enqueue_trial(trial.params, user_attrs={**kept, "retry_of": self.lineage(trial)})
 
-    def attrs(self, cfg: Config, result: TrialResult) -> dict[str, Any]:
+    # -- replicates ---------------------------------------------------------------------------------
+    @property
+    def seeds(self) -> list[int]:
+        return self.spec.budget.seed_list
+
+    def seed_of(self, trial: optuna.Trial | optuna.trial.FrozenTrial) -> int:
+        """The seed a trial trains with: a queued replicate's own, else the first (every configuration starts there)."""
+        return int(trial.user_attrs.get("seed", self.seeds[0]))
+
+    def summary(self, study: optuna.Study, draws: int | None = None) -> pd.DataFrame:
+        """Per-configuration statistics of the stored measurements (explorer.stats.summarize)."""
+        objectives = [(o.name, o.direction) for o in self.objectives]
+        kwargs = {} if draws is None else {"draws": draws}
+        return summarize(trials_frame(study), self.task.metric, objectives, **kwargs)
+
+    def queue_replicates(self, study: optuna.Study) -> list[tuple[str, int]]:
+        """Queue the replicates the policy wants now (explorer.replicates); returns (configuration, seed) pairs.
+
+        Derived from the storage each time, so a resumed study queues exactly what is missing: a seed is
+        taken once any trial of it is complete, pruned, running, queued or failed by itself (one whose
+        worker died is retried or queued again here). `fixed` queues every missing seed of each measured
+        configuration; `adaptive` queues one more seed per uncertain configuration, in rounds, only once
+        every configuration the study asked for is measured and nothing is queued or running.
+        """
+        seeds = self.seeds
+        if len(seeds) == 1:
+            return []
+        with self._queueing:  # trials in threads (executor.n_jobs) end together: one queues the round
+            return self._queue_replicates(study, seeds)
+
+    def _queue_replicates(self, study: optuna.Study, seeds: list[int]) -> list[tuple[str, int]]:
+        trials = study.get_trials(deepcopy=False)
+        adaptive = self.spec.replicates.policy == "adaptive"
+        busy = (optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING)
+        if adaptive and (any(t.state in busy for t in trials) or self._to_n(study, trials) > 0):
+            return []
+        taken: dict[str, set[int]] = {}
+        deaths: dict[tuple[str, int], int] = {}
+        for t in trials:
+            key, seed = t.system_attrs.get("fixed_params", t.params).get("arch"), self.seed_of(t)
+            died = t.state == optuna.trial.TrialState.FAIL and "fail_reason" not in t.user_attrs
+            deaths[key, seed] = deaths.get((key, seed), 0) + died
+            if not died or deaths[key, seed] >= MAX_WORKER_DEATHS:  # one that keeps killing its worker is left
+                taken.setdefault(key, set()).add(seed)
+        queued = []
+        for key in wanted(self.summary(study, draws=None if adaptive else 0), len(seeds), self.spec.replicates):
+            missing = [s for s in seeds if s not in taken.get(key, set())]
+            for seed in missing[:1] if adaptive else missing:
+                study.enqueue_trial({"arch": key}, user_attrs={"seed": seed, "replicate": True})
+                queued.append((key, seed))
+        return queued
+
+    def replicate_cost(self, study: optuna.Study) -> tuple[int, int]:
+        """(runs measured, runs that every measured configuration at the maximum seeds would take)."""
+        summary = self.summary(study, draws=0)
+        return int(summary["n"].sum()) if len(summary) else 0, len(summary) * len(self.seeds)
+
+    def attrs(self, cfg: Config, result: TrialResult, seed: int) -> dict[str, Any]:
         """What a finished trial stores besides its objective values."""
         dims = cfg.dims
         return {
@@ -494,7 +564,7 @@ class Study:
             **{k: dims[k] for k in ("layers", "heads", "width", "mlp") if k in dims},
             "params": cfg.params,
             "flops": self.space.family.flops(dims),
-            "seed": self.spec.budget.seed,
+            "seed": seed,
             **result.metrics,
             **kappa_attrs(result.kappa_init, result.kappa_final, space_regime(self.space)),
             "train_time_s": result.train_time_s,
@@ -503,8 +573,9 @@ class Study:
         }
 
     def evaluate(self, cfg: Config, lineage: int, on_epoch: Callable[[int, dict[str, float]], None] | None = None,
-                 device: str | None = None, checkpoint_dir: Path | None = None) -> dict[str, Any]:
-        """Train `cfg` as trial `lineage` (resuming its own checkpoint if a killed run left one) and return its attributes.
+                 device: str | None = None, checkpoint_dir: Path | None = None, seed: int | None = None) -> dict[str, Any]:
+        """Train `cfg` at `seed` (default: the first) as trial `lineage` (resuming its own checkpoint if a
+        killed run left one) and return its attributes.
 
         Any failure inside the trial (NaN loss, out of memory, an error in the model, running past
         `trial_timeout_s`) becomes `TrialFailed(reason)`, so the study goes on; an `ExplorerError`
@@ -514,13 +585,15 @@ class Study:
         `checkpoint_dir` defaults to the trial's folder beside the study (Ray passes one in the trial's
         working dir).
         """
-        owner = {"study": self.spec.name, "trial": lineage, "config": cfg.key, "budget": self.spec.budget.model_dump(mode="json")}
+        seed = self.seeds[0] if seed is None else seed
+        budget = self.spec.budget.model_copy(update={"seed": seed})
+        owner = {"study": self.spec.name, "trial": lineage, "config": cfg.key, "budget": budget.model_dump(mode="json", exclude={"seeds"})}
         # another run's checkpoint is not resumed
         ckpt = checkpoints.claim(checkpoint_dir or self.checkpoint_dir(cfg, lineage), owner)
         start = time.perf_counter()
         try:
             with time_limit(self.spec.trial_timeout_s):
-                result = run_trial(cfg.family, cfg.dims, self.task, self.spec.budget, callback=on_epoch,
+                result = run_trial(cfg.family, cfg.dims, self.task, budget, callback=on_epoch,
                                    checkpoint_dir=ckpt, device=device)
         except KeyboardInterrupt:  # kept: the resumed trial continues from its checkpoint
             raise
@@ -531,17 +604,17 @@ class Study:
             checkpoints.remove(ckpt)
             raise TrialFailed(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
         checkpoints.remove(ckpt)
-        return {**self.attrs(cfg, result), "curve": result.curve, "trial_time_s": time.perf_counter() - start}
+        return {**self.attrs(cfg, result, seed), "curve": result.curve, "trial_time_s": time.perf_counter() - start}
 
     def answer_from_storage(self, study: optuna.Study, trial: optuna.Trial, cfg: Config) -> list[float] | None:
-        """The values of an earlier measurement of `cfg` (same seed), recording `trial` as its duplicate; else None.
+        """The values of an earlier measurement of `cfg` at `trial`'s seed, recording `trial` as its duplicate; else None.
 
         A sampler may propose a measured configuration again: it is not trained twice. Optuna's
         sampler learns from the duplicate's values, and every explorer consumer (n_trials, pruning
         peers, the frame, recommendation, dashboard) skips it by its `duplicate_of` attr. Both
         executors answer duplicates here.
         """
-        seen = self.completed(study).get((cfg.key, self.spec.budget.seed))
+        seen = self.completed(study).get((cfg.key, self.seed_of(trial)))
         if seen is None:
             return None
         trial.set_user_attr("config", cfg.dims)
@@ -567,8 +640,8 @@ class Study:
         return [float(attrs[o.name]) for o in self.objectives]
 
     @staticmethod
-    def _counts(t: optuna.trial.FrozenTrial) -> bool:
-        """Whether a trial is a measurement towards `n_trials`: complete, pruned, or failed by itself.
+    def _measured(t: optuna.trial.FrozenTrial) -> bool:
+        """Whether a trial is a measurement: complete, pruned, or failed by itself.
 
         A duplicate answered from storage is not; nor a trial failed because its worker died (stale
         heartbeat, no `fail_reason`): it is retried.
@@ -578,9 +651,14 @@ class Study:
         done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
         return t.state in done or (t.state == optuna.trial.TrialState.FAIL and "fail_reason" in t.user_attrs)
 
+    @classmethod
+    def _counts(cls, t: optuna.trial.FrozenTrial) -> bool:
+        """Whether a trial counts towards `n_trials`: a measurement of a configuration, not a replicate of one."""
+        return cls._measured(t) and not t.user_attrs.get("replicate")
+
     def finished(self, study: optuna.Study) -> int:
-        """Distinct measurements so far: the trials that count towards `n_trials` (see `_counts`)."""
-        return sum(self._counts(t) for t in study.get_trials(deepcopy=False))
+        """Measurements so far, replicates included (see `_measured`)."""
+        return sum(self._measured(t) for t in study.get_trials(deepcopy=False))
 
     def failures(self, study: optuna.Study) -> int:
         return sum(t.state == optuna.trial.TrialState.FAIL and "fail_reason" in t.user_attrs for t in study.get_trials(deepcopy=False))
@@ -599,7 +677,7 @@ class Study:
         out: dict[tuple[str, int], optuna.trial.FrozenTrial] = {}
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
             if "duplicate_of" not in t.user_attrs:
-                out.setdefault((t.params.get("arch"), int(t.user_attrs.get("seed", self.spec.budget.seed))), t)
+                out.setdefault((t.params.get("arch"), self.seed_of(t)), t)
         return out
 
     def queue_verification(self, study: optuna.Study, keys: list[str]) -> list[str]:
@@ -627,14 +705,18 @@ class Study:
         return len(last) == MAX_DUPLICATE_RUN and all("duplicate_of" in t.user_attrs for t in last)
 
     def remaining(self, study: optuna.Study) -> int:
-        """Trials still to run: distinct measurements up to `n_trials` (no more than the configurations
-        never measured), plus queued verification trials, which run whatever `n_trials` says."""
+        """Trials still to run: configurations to measure up to `n_trials` (no more than those never
+        measured), plus queued replicates and verification trials, which run whatever `n_trials` says."""
         trials = study.get_trials(deepcopy=False)
+        extra = sum(t.state == optuna.trial.TrialState.WAITING and bool(t.user_attrs.get("verify") or t.user_attrs.get("replicate"))
+                    for t in trials)
+        return self._to_n(study, trials) + extra
+
+    def _to_n(self, study: optuna.Study, trials: list[optuna.trial.FrozenTrial]) -> int:
+        """Configurations still to measure before `n_trials` is reached (0 once the sampler stalled)."""
         counted = [t for t in trials if self._counts(t)]
         unmeasured = len(self.configs.keys() - {t.params.get("arch") for t in counted})
-        to_n = 0 if self.stalled(study) else min(max(0, self.spec.n_trials - len(counted)), unmeasured)
-        verify = sum(t.state == optuna.trial.TrialState.WAITING and bool(t.user_attrs.get("verify")) for t in trials)
-        return to_n + verify
+        return 0 if self.stalled(study) else min(max(0, self.spec.n_trials - len(counted)), unmeasured)
 
 
 def spread_order(points: list[list[Any]], exact_up_to: int = 4096) -> list[int]:

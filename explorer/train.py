@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -53,7 +53,26 @@ class Budget(BaseModel):
     warmup_frac: float = Field(0.1, ge=0, le=1)
     grad_clip: float | None = Field(1.0, gt=0)
     bf16: bool = True  # autocast to bfloat16, on CUDA only
-    seed: int = 0
+    seed: int = 0  # sets the model's initialisation and the data order
+    # replicates: N seeds (seed, seed+1, ...) or a list of seeds; replicate i of every configuration
+    # uses the same seed, so configurations are compared on the same data order (explorer.stats)
+    seeds: int | list[int] | None = None
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, value: int | list[int] | None) -> int | list[int] | None:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("at least one seed")
+        if isinstance(value, list) and (not value or len(set(value)) != len(value)):
+            raise ValueError("a non-empty list of distinct seeds")
+        return value
+
+    @property
+    def seed_list(self) -> list[int]:
+        """The replicate seeds, the first of them the one every configuration starts with."""
+        if isinstance(self.seeds, list):
+            return list(self.seeds)
+        return [self.seed + i for i in range(self.seeds or 1)]
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Run a study's trials one after another in this process (Optuna's `study.optimize`).
+"""Run a study's trials in this process (Optuna's `study.optimize`): one after another, or
+`executor.n_jobs` at once in threads.
 
 Several such workers (processes, hosts) may run one study on a shared storage: a grid study's
 configurations are popped from its queue, each by one worker; a sampled configuration that an
@@ -29,7 +30,7 @@ from explorer.study import STORAGE_ERRORS, Study
 
 class LocalExecutor(Executor):
     def run(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None = None) -> None:
-        interrupts = _Interrupts()
+        interrupts = _Interrupts(in_threads=study.spec.executor.n_jobs > 1)
         try:
             with interrupts.installed(), _quiet_heartbeat_faults():
                 self._run(study, ostudy, on_trial, interrupts)
@@ -44,6 +45,7 @@ class LocalExecutor(Executor):
             raise KeyboardInterrupt
 
     def _run(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None, interrupts: _Interrupts) -> None:
+        study.queue_replicates(ostudy)  # a resumed study queues the replicates it still lacks
         if _done(study, ostudy):
             return
         pruner = study.pruner()
@@ -52,7 +54,7 @@ class LocalExecutor(Executor):
 
         def objective(trial: optuna.Trial) -> list[float]:
             cfg = study.suggest(trial)
-            _await_earlier(study, ostudy, trial.number, cfg.key, interrupts)
+            _await_earlier(study, ostudy, trial, cfg.key, interrupts)
             values = study.answer_from_storage(ostudy, trial, cfg)
             if values is not None:  # a sampler may propose a configuration again: never train it twice
                 return values
@@ -65,12 +67,14 @@ class LocalExecutor(Executor):
                 value = metrics[metric]
                 curve.append(value)
                 trial.set_user_attr("curve", curve)
+                if interrupts.requested:  # trials in threads stop here (signals reach the main thread only)
+                    raise KeyboardInterrupt
                 if pruner.should_prune(epoch + 1, value, cfg.params, study.peers(ostudy, trial.number)):
                     raise optuna.TrialPruned(f"{metric} {value:.4g} at epoch {epoch + 1} trails its parameter bin")
 
             try:
                 with interrupts.armed():
-                    attrs = study.evaluate(cfg, study.lineage(frozen), on_epoch)
+                    attrs = study.evaluate(cfg, study.lineage(frozen), on_epoch, seed=study.seed_of(trial))
             except (TrialFailed, ExplorerError) as err:  # ExplorerError: the study's data is bad; it stops the study
                 trial.set_user_attr("fail_reason", str(err))
                 raise
@@ -82,27 +86,39 @@ class LocalExecutor(Executor):
             return study.values(attrs)
 
         def after(s: optuna.Study, t: optuna.trial.FrozenTrial) -> None:
+            if not interrupts.requested:
+                study.queue_replicates(s)
             if on_trial is not None:
                 on_trial(s, t)
             if interrupts.requested or _done(study, s) or study.too_many_failures(s):
                 s.stop()
 
-        ostudy.optimize(objective, callbacks=[after], catch=(TrialFailed,), gc_after_trial=False)
+        while True:  # a round of replicates may be queued after the last trial stopped the study
+            ostudy.optimize(objective, callbacks=[after], catch=(TrialFailed,), gc_after_trial=False, n_jobs=study.spec.executor.n_jobs)
+            if interrupts.requested or study.too_many_failures(ostudy):
+                break
+            study.queue_replicates(ostudy)
+            if _done(study, ostudy):
+                break
         if study.too_many_failures(ostudy):
             raise ExplorerError(f"stopped after {study.failures(ostudy)} failed trials (max_failures: {study.spec.max_failures}); "
                                 "see `explorer status` for their reasons", source=str(study.source))
 
 
 class _Interrupts:
-    """SIGINT raises KeyboardInterrupt only while a trial trains (`armed`); elsewhere it is remembered."""
+    """SIGINT raises KeyboardInterrupt only while a trial trains (`armed`); elsewhere it is remembered.
 
-    def __init__(self) -> None:
+    With trials in threads (`in_threads`) it is only remembered: each trial raises it at its next epoch.
+    """
+
+    def __init__(self, in_threads: bool = False) -> None:
         self.requested = False
         self._armed = False
+        self._in_threads = in_threads
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.requested = True
-        if self._armed:
+        if self._armed and not self._in_threads:
             raise KeyboardInterrupt
 
     @contextmanager
@@ -132,8 +148,8 @@ def _done(study: Study, ostudy: optuna.Study) -> bool:
     return study.remaining(ostudy) == 0 or (study.spec.sampler.name == "grid" and study.waiting(ostudy) == 0)
 
 
-def _await_earlier(study: Study, ostudy: optuna.Study, number: int, key: str, interrupts: _Interrupts) -> None:
-    """Wait while an earlier trial (another worker's) trains the same configuration.
+def _await_earlier(study: Study, ostudy: optuna.Study, trial: optuna.Trial, key: str, interrupts: _Interrupts) -> None:
+    """Wait while an earlier trial (another worker's) trains the same configuration at the same seed.
 
     Only earlier trials are waited for, so two workers never wait for each other; a stale one (its
     worker died) is failed by `waiting` after the heartbeat grace period, and then this trial trains.
@@ -141,8 +157,9 @@ def _await_earlier(study: Study, ostudy: optuna.Study, number: int, key: str, in
     """
     if getattr(ostudy._storage, "get_heartbeat_interval", lambda: None)() is None:
         return
-    running = (optuna.trial.TrialState.RUNNING,)
-    while any(t.number < number and t.params.get("arch") == key for t in ostudy.get_trials(deepcopy=False, states=running)):
+    running, seed = (optuna.trial.TrialState.RUNNING,), study.seed_of(trial)
+    while any(t.number < trial.number and t.params.get("arch") == key and study.seed_of(t) == seed
+              for t in ostudy.get_trials(deepcopy=False, states=running)):
         if interrupts.requested:
             raise KeyboardInterrupt
         time.sleep(study.spec.heartbeat_s)

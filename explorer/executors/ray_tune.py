@@ -54,6 +54,7 @@ _FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, o
 
 class RayExecutor(Executor):
     def run(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None = None) -> None:
+        study.queue_replicates(ostudy)  # a resumed study queues the replicates it still lacks
         if study.remaining(ostudy) == 0:
             return
         log_to_file(ray_log(study))
@@ -271,7 +272,7 @@ class OptunaBridge(Searcher):
         super().__init__()
         self.link = link
         self.ray_ids: dict[str, int] = {}  # Ray trial id -> Optuna trial number
-        self.held: dict[int, str] = {}  # Optuna trial number -> configuration key, waiting for its twin
+        self.held: dict[int, tuple[str, int]] = {}  # Optuna trial number -> (configuration key, seed), waiting for its twin
         self.curves: dict[int, list[float]] = {}
 
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec: Any) -> bool:
@@ -279,28 +280,32 @@ class OptunaBridge(Searcher):
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
         study, ostudy = self.link.open()
-        for number, key in list(self.held.items()):
-            if key not in self._training():
+        for number, run in list(self.held.items()):
+            if run not in self._training():
                 del self.held[number]
-                if not self._answer_from_storage(number, key):
-                    return self._launch(trial_id, number, key)
+                if not self._answer_from_storage(number, run[0]):
+                    return self._launch(trial_id, number, run[0])
         while True:
+            study.queue_replicates(ostudy)
             if study.remaining(ostudy) <= len(self.link.open_trials) or study.too_many_failures(ostudy) or (
                     study.spec.sampler.name == "grid" and study.waiting(ostudy) == 0):
-                return None if self.held else Searcher.FINISHED
+                # open trials may still lead to replicates (an adaptive round starts when they end)
+                more = self.held or (self.link.open_trials and len(study.seeds) > 1)
+                return None if more else Searcher.FINISHED
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Heartbeat of storage")  # the link beats for Ray trials
                 trial = ostudy.ask()  # queued trials (retries, grid, `recommend --verify`) come first
             self.link.open_trials[trial.number] = trial._trial_id
             key = study.suggest(trial).key
-            if key in self._training():
-                self.held[trial.number] = key
+            if (key, study.seed_of(trial)) in self._training():
+                self.held[trial.number] = (key, study.seed_of(trial))
             elif not self._answer_from_storage(trial.number, key):
                 return self._launch(trial_id, trial.number, key)
 
-    def _training(self) -> set[str]:
-        _, ostudy = self.link.open()
-        return {ostudy.trials[n].params["arch"] for n in self.ray_ids.values()}
+    def _training(self) -> set[tuple[str, int]]:
+        """(configuration, seed) of each trial Ray is training."""
+        study, ostudy = self.link.open()
+        return {(ostudy.trials[n].params["arch"], study.seed_of(ostudy.trials[n])) for n in self.ray_ids.values()}
 
     def _answer_from_storage(self, number: int, key: str) -> bool:
         """A configuration that already completed is not trained again (`Study.answer_from_storage`, as `local`)."""
@@ -320,7 +325,7 @@ class OptunaBridge(Searcher):
         self.ray_ids[trial_id] = number
         self.curves[number] = []
         lineage = study.lineage(ostudy._storage.get_trial(self.link.open_trials[number]))  # a retry resumes its checkpoint
-        return {"arch": key, "optuna_number": number, "lineage": lineage}
+        return {"arch": key, "optuna_number": number, "lineage": lineage, "seed": study.seed_of(trial)}
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         self._record_epoch(trial_id, result)
@@ -430,7 +435,8 @@ def train_trial(config: dict[str, Any], link: _Link) -> None:
                     checkpoint=tune.Checkpoint.from_directory(str(folder)) if saved else None)
 
     try:
-        attrs = study.evaluate(cfg, lineage, on_epoch, trial_device(ray.get_gpu_ids()), checkpoint_dir=folder)
+        attrs = study.evaluate(cfg, lineage, on_epoch, trial_device(ray.get_gpu_ids()), checkpoint_dir=folder,
+                               seed=config.get("seed"))
     except TrialFailed as err:  # a result, not a Ray error: Ray would retry it max_failures times
         tune.report({"fail_reason": str(err), "node": node, metric: math.nan})
         return

@@ -1,0 +1,226 @@
+"""Replicate seeds: the statistics against scipy, paired data order, resume, and adaptive replicates."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pandas as pd
+import pytest
+from scipy import stats as sps
+
+from conftest import write_study
+from explorer import stats
+from explorer.executors.local import LocalExecutor
+from explorer.frame import trials_frame
+from explorer.pareto import pareto_mask
+from explorer.recommend import recommend
+from explorer.replicates import ReplicateSpec, replay
+from explorer.study import load_study_spec
+from explorer.tasks import get_task
+from test_reliability import COMPLETE, QUICK, WIDE_SPACE, await_condition, worker
+
+OBJECTIVES = [("accuracy", "maximize"), ("params", "minimize")]
+
+
+# -- the statistics, against scipy -----------------------------------------------------------------------
+@pytest.mark.parametrize("values", [[0.91, 0.93, 0.95], [0.5, 0.52], [0.8, 0.81, 0.79, 0.85, 0.83, 0.8]])
+def test_mean_interval_is_scipys_t_interval(values: list[float]) -> None:
+    iv = stats.mean_interval(values)
+    lo, hi = sps.t.interval(0.95, len(values) - 1, loc=np.mean(values), scale=sps.sem(values))
+    assert (iv.lo, iv.hi) == pytest.approx((lo, hi)) and iv.dof == len(values) - 1
+
+
+def test_paired_comparison_is_scipys_ttest_rel() -> None:
+    a = {0: 0.93, 1: 0.95, 2: 0.90, 3: 0.96}
+    b = {0: 0.91, 1: 0.94, 2: 0.90, 3: 0.93, 7: 0.5}  # seed 7 is not shared: left out of the pairing
+    c = stats.compare(a, b)
+    ref = sps.ttest_rel([a[s] for s in range(4)], [b[s] for s in range(4)])
+    lo, hi = ref.confidence_interval(0.95)
+    assert c.n == 4 and (c.diff - c.half, c.diff + c.half) == pytest.approx((lo, hi))
+    greater = sps.ttest_rel([a[s] for s in range(4)], [b[s] for s in range(4)], alternative="greater")
+    assert c.p_better == pytest.approx(1 - greater.pvalue)
+    flipped = stats.compare(a, b, higher_is_better=False)  # a loss: lower is better
+    assert flipped.diff == pytest.approx(-c.diff) and flipped.p_better == pytest.approx(1 - c.p_better)
+
+
+def test_pooled_variance_is_the_within_group_mean_square() -> None:
+    groups = [[1.0, 2.0, 4.0], [3.0], [5.0, 5.5], [0.0, 1.0, 1.0, 2.0]]
+    many = [g for g in groups if len(g) > 1]
+    within = sum(((np.asarray(g) - np.mean(g)) ** 2).sum() for g in many) / sum(len(g) - 1 for g in many)
+    f = sps.f_oneway(*many)  # F = between / within: the same within-group mean square
+    between = sum(len(g) * (np.mean(g) - np.mean(np.concatenate(many))) ** 2 for g in many) / (len(many) - 1)
+    pooled = stats.pooled_variance(groups)
+    assert pooled.var == pytest.approx(within) == pytest.approx(between / f.statistic) and pooled.dof == 6
+    assert stats.pooled_variance([[1.0], [2.0]]) is None
+
+
+def test_moderated_interval_leans_on_the_pooled_variance_at_small_n() -> None:
+    pooled = stats.Pooled(var=0.01**2, dof=40)
+    one = stats.mean_interval([0.9], pooled=pooled)  # one seed: the pooled variance alone
+    assert one.dof == stats.PRIOR_DOF and one.half == pytest.approx(sps.t.ppf(0.975, stats.PRIOR_DOF) * 0.01)
+    two = stats.mean_interval([0.9, 0.9001], pooled=pooled)  # two nearly equal values do not make it certain
+    assert two.half > 0.5 * one.half / np.sqrt(2)
+    rng = np.random.default_rng(0)
+    many = list(0.9 + 0.05 * rng.standard_normal(400))  # plenty of its own: its own variance wins
+    assert stats.mean_interval(many, pooled=pooled).half == pytest.approx(stats.mean_interval(many).half, rel=0.02)
+
+
+def test_without_an_interval_nothing_is_claimed() -> None:
+    c = stats.compare({0: 0.97}, {0: 0.93})  # one seed each, no pooled variance
+    assert np.isnan(c.half) and c.tied and "no interval" in c.words("a", "b") and "beats" not in c.words("a", "b")
+    pooled = stats.Pooled(var=0.001**2, dof=50)
+    assert stats.compare({0: 0.97}, {0: 0.93}, pooled=pooled).words("a", "b").startswith("a beats b: +4.0 ±")
+    assert stats.compare({0: 0.931}, {0: 0.93}, pooled=pooled).words("a", "b").startswith("no evidence that a differs from b: tied")
+
+
+def synthetic_frame(table: dict[str, dict[int, float]], params: dict[str, int]) -> pd.DataFrame:
+    rows = [{"number": i, "state": "COMPLETE", "arch": k, "seed": s, "params": params[k], "accuracy": v,
+             "layers": 1, "heads": 1, "width": 8, "mlp": 8}
+            for i, (k, s, v) in enumerate((k, s, v) for k, by in table.items() for s, v in by.items())]
+    return pd.DataFrame(rows)
+
+
+def test_summary_front_probability_and_ties() -> None:
+    params = {"small": 100, "mid": 200, "twin": 200, "big": 300, "bad": 250}
+    table = {"small": {0: 0.80, 1: 0.81, 2: 0.79}, "mid": {0: 0.90, 1: 0.91, 2: 0.89},
+             "twin": {0: 0.899, 1: 0.911, 2: 0.889},  # as good as `mid` at the same size: a coin flip
+             "big": {0: 0.95, 1: 0.96, 2: 0.94}, "bad": {0: 0.60, 1: 0.61, 2: 0.59}}
+    s = stats.summarize(synthetic_frame(table, params), "accuracy", OBJECTIVES).set_index("arch")
+    assert list(s.loc[["small", "mid", "big", "bad"], "n"]) == [3, 3, 3, 3]
+    assert s.loc["small", "front_prob"] > 0.99 and s.loc["big", "front_prob"] > 0.99 and s.loc["bad", "front_prob"] < 0.01
+    assert 0.2 < s.loc["mid", "front_prob"] < 0.8 and 0.2 < s.loc["twin", "front_prob"] < 0.8
+    assert s.loc["twin", "tied_with"] == "mid" and not s.loc["twin", "on_front"]  # marked, not hidden
+    assert pd.isna(s.loc["bad", "tied_with"])
+    assert s.loc["mid", "lo"] < s.loc["mid", "mean"] < s.loc["mid", "hi"]
+
+
+def test_front_probability_of_two_objectives_is_the_general_one() -> None:
+    """The all-draws-at-once path (two objectives) equals the per-draw Pareto path (three, one constant)."""
+    rng = np.random.default_rng(1)
+    t = pd.DataFrame({"mean": rng.uniform(0.8, 0.95, 30), "params": rng.choice([1, 2, 3, 5, 8], 30),
+                      "se": rng.uniform(0, 0.02, 30), "dof": rng.uniform(1, 10, 30), "z": 0.0})
+    t["accuracy"] = t["mean"]
+    for objs in (OBJECTIVES, [("params", "maximize"), ("accuracy", "minimize")]):
+        fast = stats.front_probability(t, "accuracy", objs, 300, 3)
+        assert 0 < fast.max() <= 1 and ((fast > 0) & (fast < 1)).sum() >= 5  # uncertain memberships: the draws matter
+        assert np.array_equal(fast, stats.front_probability(t, "accuracy", [*objs, ("z", "minimize")], 300, 3))
+
+
+def test_a_one_seed_summary_has_no_interval() -> None:
+    s = stats.summarize(synthetic_frame({"a": {0: 0.9}, "b": {0: 0.8}}, {"a": 1, "b": 2}), "accuracy", OBJECTIVES)
+    assert s["lo"].isna().all() and s["front_prob"].isna().all() and list(s["on_front"]) == [True, False]
+
+
+def test_recommend_reports_ties_the_smallest_and_a_paired_baseline() -> None:
+    params = {"small": 100, "mid": 200, "big": 300, "base": 300}
+    table = {"small": {0: 0.80, 1: 0.81, 2: 0.79}, "mid": {0: 0.944, 1: 0.955, 2: 0.941},
+             "big": {0: 0.95, 1: 0.953, 2: 0.945}, "base": {0: 0.90, 1: 0.91, 2: 0.89}}
+    rec = recommend(synthetic_frame(table, params), 300, "base")
+    assert rec.key == "big" and rec.n == 3 and rec.tied == ("mid",)
+    assert rec.margin == pytest.approx(np.mean([0.05, 0.043, 0.055])) and not rec.baseline.tied
+    text = "\n".join(rec.lines())
+    assert "the smallest: mid" in text and "big beats the baseline: +4.9 ±" in text and "paired over 3 seeds" in text
+
+
+# -- replicates in a real study -----------------------------------------------------------------------------
+def test_replicate_seed_sets_one_data_order_across_configurations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replicate s of every configuration sees the same batches (common random numbers); seeds differ."""
+    task = get_task("digits", {})
+    first = {s: next(iter(task.load(64, s).train))[1] for s in (0, 1)}
+    assert not (first[0] == first[1]).all()
+    seen: list[tuple[int, object]] = []
+    load = type(task).load
+
+    def recording(self, batch_size: int, seed: int):
+        data = load(self, batch_size, seed)
+        seen.append((seed, next(iter(data.train))[1].tolist()))
+        return data
+
+    monkeypatch.setattr(type(task), "load", recording)
+    path = write_study(tmp_path, budget={**QUICK, "seeds": 2}, replicates={"policy": "fixed"})
+    study = load_study_spec(path)
+    ostudy = study.open()
+    LocalExecutor().run(study, ostudy)
+    done = {(t.params["arch"], t.user_attrs["seed"]) for t in ostudy.get_trials(states=(COMPLETE,))}
+    assert done == {(k, s) for k in study.keys for s in (0, 1)} and len(seen) == 12
+    for s in (0, 1):
+        orders = [order for seed, order in seen if seed == s]
+        assert len(orders) == 6 and all(o == orders[0] for o in orders) and orders[0] == first[s].tolist()
+    assert study.finished(ostudy) == 12 and study.remaining(ostudy) == 0
+    assert study.replicate_cost(ostudy) == (12, 12)
+
+
+@pytest.mark.slow
+def test_a_study_killed_among_its_replicates_resumes_with_nothing_lost_or_repeated(tmp_path: Path) -> None:
+    path = write_study(tmp_path, budget={**QUICK, "max_steps": 30, "seeds": 3}, replicates={"policy": "fixed"})
+    study = load_study_spec(path)
+    replicates_done = lambda: sum(bool(t.user_attrs.get("replicate")) for t in study.read().get_trials(states=(COMPLETE,)))  # noqa: E731
+    proc = worker(path)
+    await_condition(lambda: study.storage_file().exists() and replicates_done() >= 2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = {t.number: (t.params["arch"], t.user_attrs["seed"], t.values) for t in study.read().get_trials(states=(COMPLETE,))}
+    assert 0 < len(before) < 18
+    proc = worker(path, "resume")
+    assert proc.wait(timeout=300) == 0, proc.stdout.read()
+    after = study.read().get_trials(states=(COMPLETE,))
+    measured = [(t.params["arch"], t.user_attrs["seed"]) for t in after if "duplicate_of" not in t.user_attrs]
+    assert sorted(measured) == sorted((k, s) for k in study.keys for s in (0, 1, 2))  # each once: none lost, none twice
+    now = {t.number: (t.params["arch"], t.user_attrs["seed"], t.values) for t in after}
+    assert all(now[n] == v for n, v in before.items())
+
+
+def true_accuracy(dims: dict) -> float:
+    """A known surface: more heads help, depth helps up to 3 layers, then hurts."""
+    layers, heads = dims["layers"], dims["heads"]
+    return 0.90 + 0.02 * np.log2(heads) + 0.015 * min(layers, 3) - 0.015 * max(layers - 3, 0)
+
+
+@pytest.mark.slow
+def test_adaptive_replicates_recover_the_true_front_where_one_seed_does_not(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """12 configurations with a known accuracy surface and noise of sd 1.5 points per run, through the real
+    study, SQLite storage and local executor (only the training is replaced by the surface plus noise
+    drawn from (repetition, seed, configuration)). Over 20 repetitions the front of means after adaptive
+    replicates (up to 6 seeds, confidence 0.95) is the true front in most; the front of the first seed
+    alone (what a one-seed study would measure) in few."""
+    noise_sd, reps = 0.015, 20
+    rep = {"i": 0}
+
+    def synthetic(self, cfg, lineage, on_epoch=None, device=None, checkpoint_dir=None, seed=None):
+        rng = np.random.default_rng([rep["i"], seed, cfg.dims["layers"], cfg.dims["heads"]])
+        value = true_accuracy(cfg.dims) + noise_sd * rng.standard_normal()
+        return {"config": cfg.dims, "layers": cfg.dims["layers"], "heads": cfg.dims["heads"], "params": cfg.params,
+                "seed": seed, "accuracy": value, "curve": [value]}
+
+    monkeypatch.setattr("explorer.study.Study.evaluate", synthetic)
+    recovered = {"one seed": 0, "adaptive": 0}
+    spent = []
+    for rep["i"] in range(reps):
+        path = write_study(tmp_path / str(rep["i"]), space_doc=WIDE_SPACE, n_trials=12, budget={**QUICK, "seeds": 6},
+                           replicates={"policy": "adaptive", "confidence": 0.95}, objectives=["maximize accuracy", "minimize params"])
+        study = load_study_spec(path)
+        ostudy = study.open()
+        LocalExecutor().run(study, ostudy)
+        summary = study.summary(ostudy, draws=0)
+        truth = pareto_mask(np.column_stack([[true_accuracy(c) for c in summary[["layers", "heads"]].to_dict("records")],
+                                             summary["params"]]), ["maximize", "minimize"])
+        first = np.array([values[0] for values in summary["values"]])  # every configuration's first seed
+        one_seed = pareto_mask(np.column_stack([first, summary["params"]]), ["maximize", "minimize"])
+        recovered["adaptive"] += bool((summary["on_front"].to_numpy() == truth).all())
+        recovered["one seed"] += bool((one_seed == truth).all())
+        runs, at_max = study.replicate_cost(ostudy)
+        spent.append(runs / at_max)
+    assert recovered["adaptive"] >= 15 and recovered["one seed"] <= 10, recovered
+    assert np.mean(spent) < 0.7, spent  # well short of every configuration at 6 seeds
+
+
+def test_replay_spends_seeds_only_where_the_front_is_uncertain() -> None:
+    params = {"a": 1, "b": 2, "c": 3, "far": 3}
+    tables = {"a": {s: 0.5 + 0.01 * (s % 2) for s in range(4)}, "b": {s: 0.7 + 0.01 * (s % 2) for s in range(4)},
+              "c": {s: 0.705 - 0.01 * (s % 2) for s in range(4)}, "far": {s: 0.1 for s in range(4)}}
+    got = replay(tables, params, [0, 1, 2, 3], ReplicateSpec(policy="adaptive"), draws=500)
+    assert got["far"] == [0] and len(got["c"]) == 4 and len(got["b"]) >= 2  # b vs c is close: c is resolved no sooner than the maximum
+    assert replay(tables, params, [0, 1], ReplicateSpec(policy="fixed")) == {k: [0, 1] for k in tables}
