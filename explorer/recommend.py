@@ -145,9 +145,9 @@ class Recommendation:
         if self.kind == "predicted":
             shown += f" ± {self.uncertainty:.2g} (predicted, not measured)"
         elif math.isfinite(self.half):
-            shown += f" ± {self.half:.2g} (mean of {self.n} seeds, 95% t interval; first trial {self.trial})"
+            shown += f" ± {self.half:.2g} (measured: mean of {self.n} seeds, 95% t interval; first trial {self.trial})"
         else:
-            shown += f" (trial {self.trial}; {self.n} seed: no interval, set budget.seeds for replicates)"
+            shown += f" (measured, trial {self.trial}; one seed, no interval: set budget.seeds for replicates)"
         out = [
             f"budget {format_count(self.budget)}: {self.key} (mlp={self.mlp}, width={self.width}), "
             f"{format_count(self.params)} params, {shown}"

@@ -133,7 +133,8 @@ def test_study_stored_with_arch_before_the_ordered_encoding_resumes(tmp_path: Pa
                        "metric": "accuracy", "higher_is_better": True, "objectives": [o.model_dump() for o in study.objectives]}.items():
         old.set_user_attr(key, value)
     old.set_user_attr("identity", study.identity())
-    for key in keys[:2]:  # two trials trained and stored as the old code did
+    for key in keys[:2]:  # two trials trained and stored as the old code did (two distinct ones: its sampler is unseeded)
+        old.enqueue_trial({ARCH: key})
         trial = old.ask({ARCH: optuna.distributions.CategoricalDistribution(keys)})
         attrs = study.evaluate(study.configs[trial.params[ARCH]], trial.number)
         for name, value in attrs.items():
