@@ -264,23 +264,50 @@ class ExportFormat(str, Enum):
     parquet = "parquet"
 
 
+CONFIG_COLUMNS = ["arch", "layers", "heads", "width", "mlp", "params", "n", "mean", "std", "se", "lo", "hi",
+                  "front_prob", "on_front", "tied_with", "seeds", "values"]
+
+
+def configs_path(target: Path, format: ExportFormat) -> Path:
+    """Where `export` writes the per-configuration table beside the trials table: t.csv -> t.configs.csv."""
+    suffix = target.suffix or f".{format.value}"
+    return target.with_name(target.name.removesuffix(target.suffix) + ".configs" + suffix)
+
+
 @app.command()
 def export(
     study: Annotated[Path, typer.Argument()],
     format: Annotated[ExportFormat, typer.Option("--format", "-f")] = ExportFormat.csv,
     out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="default: beside the study YAML")] = None,
 ) -> None:
-    """Write the trials table (one row per measurement; duplicates answered from storage left out) with pandas."""
-    from explorer.frame import trials_frame
+    """Write the trials table and, beside it, the per-configuration table, with pandas.
 
-    _, ostudy, _ = _read(study)
+    The trials table has one row per measurement (duplicates answered from storage left out). The
+    configurations table (`--out t.csv` also writes `t.configs.csv`; parquet likewise) has one row per
+    configuration from its seeds: arch, its dimensions, params, n (seeds measured), mean, std, se, lo and
+    hi (the 95% t interval of the mean, empty with one seed per configuration), front_prob (probability of
+    being on the Pareto front of the study's objectives), on_front (on the front of means), tied_with
+    (for one off the front, the front member it is statistically tied with), seeds and values (the
+    metric by seed; JSON lists in CSV).
+    """
+    from explorer.frame import trials_frame
+    from explorer.stats import summarize
+
+    s, ostudy, _ = _read(study)
     frame = trials_frame(ostudy)
+    objectives = [(o.name, o.direction) for o in s.objectives]
+    configs = summarize(frame, s.task.metric, objectives).reindex(columns=CONFIG_COLUMNS)
+    configs.attrs.clear()  # the pooled variance it carries is no column, and parquet cannot store it
     target = out_path or study.with_suffix(f".{format.value}")
+    beside = configs_path(target, format)
     if format is ExportFormat.csv:
         frame.to_csv(target, index=False)
+        configs.to_csv(beside, index=False)
     else:
         frame.assign(curve=frame["curve"].map(list), config=frame["config"].map(str)).to_parquet(target, index=False)
-    out.print(f"{len(frame)} trials -> {target}")
+        configs.to_parquet(beside, index=False)
+    out.print(f"{len(frame)} trials -> {target}", markup=False, highlight=False)
+    out.print(f"{len(configs)} configurations -> {beside}", markup=False, highlight=False)
 
 
 # -- dashboard / recommend / condition ---------------------------------------------------------------------------

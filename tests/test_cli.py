@@ -40,13 +40,48 @@ def test_run_status_export_recommend_dashboard(tiny_study: Path, tmp_path: Path)
     ok("export", tiny_study, "--format", "csv", "--out", tmp_path / "t.csv")
     frame = pd.read_csv(tmp_path / "t.csv")
     assert len(frame) == 6 and {"layers", "heads", "params", "accuracy", "kappa_init_mean"} <= set(frame.columns)
+    configs = pd.read_csv(tmp_path / "t.configs.csv")  # one seed each: no interval, no front probability
+    assert len(configs) == 6 and (configs["n"] == 1).all() and configs[["lo", "hi", "front_prob"]].isna().all().all()
     ok("export", tiny_study, "--format", "parquet", "--out", tmp_path / "t.parquet")
-    assert len(pd.read_parquet(tmp_path / "t.parquet")) == 6
+    assert len(pd.read_parquet(tmp_path / "t.parquet")) == 6 and len(pd.read_parquet(tmp_path / "t.configs.parquet")) == 6
     rec = ok("recommend", tiny_study, "--budget", "4k")
     assert "layers=1" in rec and "measured" in rec
     ok("dashboard", tiny_study, "--out", tmp_path / "d.html")
     assert (tmp_path / "d.html").stat().st_size > 100_000
     assert "resume" in ok("recommend", tiny_study, "--budget", "4k", "--verify")
+
+
+def test_export_writes_the_configuration_table_beside_the_trials(tmp_path: Path) -> None:
+    """A study with 2 to 4 seeds per configuration: t.configs.csv (and .parquet) holds one row per
+    configuration with its seeds, values and interval, as explorer.stats summarizes them."""
+    from test_dashboard import fill_replicates
+
+    from explorer.study import load_study_spec
+
+    spec = tmp_path / "rep.yaml"
+    spec.write_text(f"name: rep\nspace: {ROOT / 'spaces' / 'vit-digits.yaml'}\ntask: {{name: digits}}\nn_trials: 2\n")
+    fill_replicates(load_study_spec(spec).open(create=True))
+    output = ok("export", spec, "--out", tmp_path / "t.csv")
+    assert f"73 trials -> {tmp_path / 't.csv'}" in output  # 24 configurations x 2, 3 or 4 seeds, and one failure
+    assert f"24 configurations -> {tmp_path / 't.configs.csv'}" in output
+    trials = pd.read_csv(tmp_path / "t.csv")
+    configs = pd.read_csv(tmp_path / "t.configs.csv")
+    assert list(configs.columns) == ["arch", "layers", "heads", "width", "mlp", "params", "n", "mean", "std", "se", "lo",
+                                     "hi", "front_prob", "on_front", "tied_with", "seeds", "values"]
+    done = trials[trials["state"] == "COMPLETE"]
+    assert configs.set_index("arch")["n"].to_dict() == done.groupby("arch").size().to_dict()
+    assert set(configs["n"]) == {2, 3, 4}
+    for row in configs.itertuples():
+        measured = done[done["arch"] == row.arch].sort_values("seed")
+        assert json.loads(row.seeds) == list(measured["seed"])
+        assert json.loads(row.values) == pytest.approx(list(measured["accuracy"]))
+        assert row.lo < row.mean < row.hi and row.mean == pytest.approx(measured["accuracy"].mean())
+        assert 0 <= row.front_prob <= 1
+    assert configs["on_front"].any() and configs["tied_with"].notna().any()
+    ok("export", spec, "--format", "parquet", "--out", tmp_path / "t.parquet")
+    table = pd.read_parquet(tmp_path / "t.configs.parquet")
+    assert list(table.columns) == list(configs.columns) and table["n"].tolist() == configs["n"].tolist()
+    assert [list(v) for v in table["values"]] == [json.loads(v) for v in configs["values"]]  # repr: exact
 
 
 def test_condition_prints_kappa_against_heads(tmp_path: Path) -> None:

@@ -1,17 +1,24 @@
-"""The HTML report of real SQLite studies: every figure present, user text escaped, renders in Chromium."""
+"""The HTML report of real SQLite studies: every figure present, user text escaped, replicates shown as
+their statistics say, renders in Chromium."""
 
 from __future__ import annotations
 
+import base64
+import itertools
+import json
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
+import optuna
 import pytest
-from test_pareto import fill_study, key_of, make_study
+from test_pareto import HEADS, LAYERS, MLP, WIDTH, accuracy_of, dims_of, fill_study, key_of, make_study, params_of
 
-from explorer.dashboard import FIGURES, render, render_studies
+from explorer.dashboard import FIGURES, NO_INTERVALS, render, render_studies
 from explorer.frame import trials_frame
+from explorer.stats import summarize
 from explorer.study import load_study_spec
 
 EVIL = "<script>alert(1)</script>"
@@ -33,13 +40,149 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return render(frames, root / "out" / "report.html", meta)
 
 
+def fill_replicates(study: optuna.Study, noise: float = 0.01, seed: int = 0) -> optuna.Study:
+    """Every (layers, heads) under 2, 3 or 4 seeds (the user attr `seed`), accuracy_of plus noise, one failure."""
+    rng = np.random.default_rng(seed)
+    study.set_user_attr("metric", "accuracy")
+    study.set_user_attr("baseline", key_of(6, 2))
+    dist = {"arch": optuna.distributions.CategoricalDistribution([key_of(d, h) for d in LAYERS for h in HEADS])}
+    trials = []
+    for i, (layers, heads) in enumerate(itertools.product(LAYERS, HEADS)):
+        for s in range(2 + i % 3):
+            acc = accuracy_of(layers, heads) + rng.normal(0, noise)
+            attrs = {"config": dims_of(layers, heads), "layers": layers, "heads": heads, "width": WIDTH, "mlp": MLP,
+                     "params": params_of(layers), "accuracy": acc, "seed": s, "device": "cpu", "train_time_s": 1.0}
+            trials.append(optuna.trial.create_trial(
+                params={"arch": key_of(layers, heads)}, distributions=dist, values=[acc, params_of(layers)],
+                user_attrs=attrs, intermediate_values={0: acc - 0.1, 1: acc}))
+    trials.append(optuna.trial.create_trial(
+        params={"arch": key_of(2, 8)}, distributions=dist, state=optuna.trial.TrialState.FAIL,
+        user_attrs={"fail_reason": "loss is NaN at step 3", "layers": 2, "heads": 8, "seed": 4}))
+    study.add_trials(trials)
+    return study
+
+
+def make_replicate_study(path: Path, name: str = "replicates") -> optuna.Study:
+    study = optuna.create_study(study_name=name, storage=f"sqlite:///{path}", directions=["maximize", "minimize"])
+    return fill_replicates(study)
+
+
+@pytest.fixture(scope="module")
+def replicated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+    """The report of a study with 2 to 4 seeds per configuration, and its frame."""
+    root = tmp_path_factory.mktemp("replicated")
+    frame = trials_frame(make_replicate_study(root / "r.db"))
+    meta = {"rep": {"baseline": key_of(6, 2), "objectives": OBJECTIVES, "metric": "accuracy", "space": "vit-digits"}}
+    return render({"rep": frame}, root / "rep.html", meta), frame
+
+
+def plotted(page: str) -> dict[str, tuple[list, dict]]:
+    """Each figure's data and layout as the browser receives them: Plotly.newPlot's arguments."""
+    decoder = json.JSONDecoder()
+    out = {}
+    for m in re.finditer(r'Plotly\.newPlot\(\s*"([^"]+)",\s*', page):
+        data, end = decoder.raw_decode(page, m.end())
+        layout, _ = decoder.raw_decode(page, end + re.match(r"\s*,\s*", page[end:]).end())
+        out[m.group(1)] = (data, layout)
+    return out
+
+
+def values(v) -> np.ndarray:
+    """A plotly array: a list, or plotly's base64 typed array."""
+    if isinstance(v, dict) and "bdata" in v:
+        out = np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
+        return out.reshape([int(n) for n in v["shape"].split(",")]) if "shape" in v else out
+    return np.asarray(v, dtype=object)
+
+
+def by_arch(traces: list[dict]) -> dict[str, dict]:
+    """Per configuration point (trace `ids`): its y, error bar, colour, symbol and hover text."""
+    out = {}
+    for t in traces:
+        if "ids" not in t:
+            continue
+        bars = t.get("error_y") or {}
+        for i, arch in enumerate(t["ids"]):
+            out[arch] = {
+                "y": float(values(t["y"])[i]), "name": t["name"], "hover": t["hovertext"][i],
+                "plus": float(values(bars["array"])[i]) if bars else None,
+                "minus": float(values(bars["arrayminus"])[i]) if bars else None,
+                "colour": values(t["marker"]["color"])[i] if not isinstance(t["marker"]["color"], str) else None,
+                "symbol": t["marker"]["symbol"],
+            }
+    return out
+
+
+def test_front_shows_each_configuration_with_its_interval_front_probability_and_replicates(replicated) -> None:
+    report, frame = replicated
+    page = report.read_text()
+    summary = summarize(frame, "accuracy", [("accuracy", "maximize"), ("params", "minimize")])
+    data, layout = plotted(page)["fig-front"]
+    points = by_arch(data)
+    assert set(points) == set(summary["arch"]) and len(points) == 24
+    assert "P(on front)" in layout["title"]["text"] and layout["coloraxis"]["colorbar"]["title"]["text"] == "P(on front)"
+    assert (summary["front_prob"] > 0.5).any() and (summary["front_prob"] < 0.5).any()
+    ties = summary[summary["tied_with"].map(lambda t: isinstance(t, str))]
+    assert len(ties) and not ties["on_front"].any()
+    for row in summary.itertuples():
+        point = points[row.arch]
+        assert point["y"] == pytest.approx(row.mean, abs=1e-12)
+        assert point["y"] - point["minus"] == pytest.approx(row.lo, abs=1e-12)
+        assert point["y"] + point["plus"] == pytest.approx(row.hi, abs=1e-12)
+        assert point["colour"] == pytest.approx(row.front_prob)
+        assert f"P(on front) {row.front_prob:.2f}" in point["hover"] and f"{row.n} seeds" in point["hover"]
+        trials = frame[(frame["arch"] == row.arch) & (frame["state"] == "COMPLETE")]
+        assert len(trials) == row.n
+        for t in trials.itertuples():  # every replicate's seed, value and trial
+            assert f"seed {t.seed}: {t.accuracy:.4g} (trial {t.number})" in point["hover"]
+        if isinstance(row.tied_with, str):
+            assert point["symbol"].endswith("-open") and f"tied with {row.tied_with}" in point["hover"]
+            assert "tied with a front member" in point["name"]
+        else:
+            assert not point["symbol"].endswith("-open") and "tied with" not in point["hover"]
+    replicates = [t for t in data if "replicates" in t["name"]]
+    assert len(replicates) == 1
+    done = frame[frame["state"] == "COMPLETE"]
+    assert sorted(values(replicates[0]["y"]).astype(float)) == pytest.approx(sorted(done["accuracy"]))
+    assert NO_INTERVALS not in page
+
+
+def test_heatmap_and_tables_show_means_with_their_spread(replicated) -> None:
+    report, frame = replicated
+    page = report.read_text()
+    summary = summarize(frame, "accuracy", [("accuracy", "maximize"), ("params", "minimize")])
+    (heat,), layout = plotted(page)["fig-heatmap"]
+    assert "±" in layout["title"]["text"]
+    rows, cols = [int(y) for y in heat["y"]], [int(x) for x in heat["x"]]
+    for row in summary.itertuples():
+        r, c = rows.index(row.layers), cols.index(row.heads)
+        assert values(heat["z"])[r][c] == pytest.approx(row.mean)
+        assert heat["text"][r][c] == f"{row.mean:.3f} ± {(row.hi - row.lo) / 2:.3f}"
+        assert f"n {row.n} seeds" in heat["hovertext"][r][c]
+    table = re.search(r'<table id="config-table".*?</table>', page, re.S).group(0)
+    assert table.count("<tr>") == 1 + len(summary)
+    assert re.search(r'<table id="trial-table".*?</table>', page, re.S).group(0).count("<tr>") == 1 + len(frame)
+
+
+def test_a_one_seed_study_says_it_has_no_intervals(report: Path) -> None:
+    page = report.read_text()
+    data, layout = plotted(page)["fig-front"]
+    assert NO_INTERVALS in layout["title"]["text"] and NO_INTERVALS in plotted(page)["fig-heatmap"][1]["title"]["text"]
+    assert page.count(f"; {NO_INTERVALS}") == 2  # in each study's summary line
+    assert NO_INTERVALS.capitalize() in page  # where the configuration table's intervals would be
+    assert not any(t.get("error_y") for t in data) and not any("replicates" in t["name"] for t in data)
+    assert "P(on front)" not in page
+
+
 def test_report_holds_every_figure_and_one_plotlyjs(report: Path) -> None:
     page = report.read_text()
     for div in FIGURES:
         assert f'id="{div}"' in page
     for title in ("Pareto front", "Depth x heads", "conditioning", "Learning curves", "Hypervolume"):
         assert title in page
-    assert 'id="trial-table"' in page and page.count("<tr>") == 1 + 2 * 25
+    trials = re.search(r'<table id="trial-table".*?</table>', page, re.S).group(0)
+    configs = re.search(r'<table id="config-table".*?</table>', page, re.S).group(0)
+    assert trials.count("<tr>") == 1 + 2 * 25 and configs.count("<tr>") == 1 + 2 * 24
     assert "<script src" not in page and "<link" not in page  # nothing fetched: opens offline
     assert page.count("plotly.js v") == 1  # the library's banner: inlined exactly once
     assert page.count("Plotly.newPlot(") == len(FIGURES)
@@ -79,7 +222,10 @@ def test_render_studies_reads_the_yaml_and_its_storage(tmp_path: Path) -> None:
 
 
 @pytest.mark.browser
-def test_report_renders_in_headless_chromium(report: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("which", ["report", "replicated"])
+def test_report_renders_in_headless_chromium(which: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    report = request.getfixturevalue(which)
+    report = report[0] if isinstance(report, tuple) else report
     chromium = shutil.which("chromium")
     if chromium is None:
         pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
