@@ -256,8 +256,10 @@ class Study:
                             heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3),
                         )
                     break
-                except sqlalchemy.exc.IntegrityError:  # workers creating a new storage's schema at once: one wins
-                    if attempt == 4:
+                except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as err:
+                    # processes creating a new storage's schema at once: one wins, the others see its rows or tables
+                    racing = isinstance(err, sqlalchemy.exc.IntegrityError) or "already exists" in str(err)
+                    if not racing or attempt == 4:
                         raise
                     time.sleep(0.2 * (attempt + 1))
             return storage
