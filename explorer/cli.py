@@ -157,14 +157,14 @@ def _run(path: Path, *, create: bool, force: bool, executor: str | None, address
     try:
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("{task.fields[front]}"), TimeElapsedColumn(), console=err, transient=False) as bar:
-            task = bar.add_task(study.spec.name, total=study.spec.n_trials, completed=study.finished(ostudy), front="")
+            task = bar.add_task(study.spec.name, total=_planned(study, ostudy), completed=study.finished(ostudy), front="")
 
             def on_trial(s, t) -> None:
                 if t.state.name == "FAIL" and "fail_reason" in t.user_attrs:  # one line each; reasons stay in `status`
                     failed.append(t.number)
                     bar.console.print(f"trial {t.number} ({t.params.get('arch')}) failed: {t.user_attrs['fail_reason']}",
                                       markup=False, highlight=False)
-                bar.update(task, completed=study.finished(s), front=f"front: {len(s.best_trials)} | last: #{t.number} {t.state.name.lower()}")
+                bar.update(task, completed=study.finished(s), total=_planned(study, s), front=f"front: {len(s.best_trials)} | last: #{t.number} {t.state.name.lower()}")
 
             get_executor(study.spec.executor.name).run(study, ostudy, on_trial)
     except KeyboardInterrupt:
@@ -179,6 +179,14 @@ def _run(path: Path, *, create: bool, force: bool, executor: str | None, address
         out.print(f"dashboard: {target}")
     if failed:
         raise ExplorerError(f"{len(failed)} trials failed in this run (reasons above and in `explorer status`)", source=str(path))
+
+
+def _planned(study, ostudy) -> int:
+    """Runs this study is known to take so far: those finished, running and still to run (replicates
+    queued by an adaptive policy raise it as they are queued)."""
+    running = sum(t.state.name == "RUNNING" and bool(t.user_attrs.get("replicate") or t.user_attrs.get("verify"))
+                  for t in ostudy.get_trials(deepcopy=False))  # the rest are among the configurations still to measure
+    return max(study.spec.n_trials, study.finished(ostudy) + running + study.remaining(ostudy))
 
 
 def _executor_name(name: str) -> str:
@@ -232,24 +240,46 @@ def resume(
 # -- status / export ------------------------------------------------------------------------------------------
 def _status(study, ostudy, failures: bool = True) -> None:
     from explorer.frame import trials_frame
-    from explorer.pareto import objective_values, pareto_mask
 
     frame = trials_frame(ostudy)
     counts = frame["state"].value_counts().to_dict() if len(frame) else {}
     duplicates = len(trials_frame(ostudy, duplicates=True)) - len(frame)
-    out.print(f"[bold]{study.spec.name}[/]: {study.finished(ostudy)}/{study.spec.n_trials} finished; "
-              + ", ".join(f"{k.lower()} {v}" for k, v in sorted(counts.items()))
+    summary = study.summary(ostudy)
+    out.print(f"[bold]{study.spec.name}[/]: {len(summary)}/{study.spec.n_trials} configurations measured, "
+              f"{study.finished(ostudy)} runs; " + ", ".join(f"{k.lower()} {v}" for k, v in sorted(counts.items()))
               + (f"; {duplicates} proposals of measured configurations answered from storage" if duplicates else ""))
-    done = frame[frame["state"] == "COMPLETE"]
-    if len(done):
-        objs = [(o.name, o.direction) for o in study.objectives]
-        front = done[pareto_mask(objective_values(done, objs), [d for _, d in objs])]
-        cols = [c for c in ("number", *study.space.free_dims, "params", study.task.metric, "kappa_init_mean", "train_time_s") if c in front]
-        _print_frame(front.sort_values("params")[cols], Format.table, title="Pareto front")
+    if len(study.seeds) > 1:
+        runs, at_max = study.replicate_cost(ostudy)
+        policy = study.spec.replicates
+        how = f"adaptive, confidence {policy.confidence:g}" if policy.policy == "adaptive" else "fixed"
+        out.print(f"replicates ({how}), seeds {study.seeds}: {runs} runs of the {at_max} that every measured "
+                  f"configuration at {len(study.seeds)} seeds would take ({runs / max(at_max, 1):.0%})", markup=False)
+    if len(summary):
+        _print_front(study, summary, frame)
     failed = frame[frame["state"] == "FAIL"] if failures else frame.iloc[0:0]
     for row in failed.itertuples():
         if isinstance(row.fail_reason, str):
             out.print(f"trial {row.number} ({row.arch}) failed: {row.fail_reason}", markup=False)
+
+
+def _print_front(study, summary: pd.DataFrame, frame: pd.DataFrame) -> None:
+    """The front of per-configuration means with n, the 95% interval and front probability; then the
+    configurations tied with a front member (not separable from it), so they are not hidden."""
+    metric = study.task.metric
+    front = summary[summary["on_front"]].copy()
+    front["±"] = front["hi"] - front["mean"]
+    kappa = frame.groupby("arch")["kappa_init_mean"].mean() if "kappa_init_mean" in frame else None
+    if kappa is not None:
+        front["kappa_init_mean"] = front["arch"].map(kappa)
+    cols = [c for c in (*study.space.free_dims, "params", "n", metric, "±", "front_prob", "kappa_init_mean") if c in front]
+    intervals = summary["n"].gt(1).any()
+    title = ("Pareto front of means (± 95% t interval, front_prob: share of draws from the intervals on the front)"
+             if intervals else "Pareto front (one seed per configuration: no intervals)")
+    _print_frame(front[cols if intervals else [c for c in cols if c not in ("±", "front_prob")]], Format.table, title=title)
+    tied = summary[summary["tied_with"].notna()]
+    if len(tied):
+        out.print("tied with a front member (no evidence either is better): "
+                  + "; ".join(f"{r.arch} with {r.tied_with}" for r in tied.itertuples()), markup=False)
 
 
 @app.command()

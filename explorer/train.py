@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ Callback = Callable[[int, dict[str, float]], None]
 
 CHECKPOINT = "checkpoint.pt"
 KAPPA_SAMPLES = 32  # eval samples on which κ is measured: enough for a stable median, cheap to SVD
+_GLOBAL_RNG = threading.Lock()  # held while a trial seeds torch's global RNG and draws its model's initialisation
 NAN_CHECK_EVERY = 50  # on CUDA, steps between the host syncs that look for a non-finite loss
 
 
@@ -129,8 +131,10 @@ def _run(
     device: str,
 ) -> TrialResult:
     """`run_trial`'s body: build, measure κ, train, measure κ again (any of them may run out of memory)."""
-    torch.manual_seed(budget.seed)
-    model = get_family(family).build(dims).to(device)
+    with _GLOBAL_RNG:  # trials in threads (executor.n_jobs) would interleave their draws from torch's global RNG
+        torch.manual_seed(budget.seed)
+        model = get_family(family).build(dims)
+    model = model.to(device)
     params = sum(p.numel() for p in model.parameters())
     data = task.load(budget.batch_size, budget.seed)
     probe = _first_batch(data.eval)[:KAPPA_SAMPLES]

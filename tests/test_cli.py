@@ -34,9 +34,9 @@ def test_params_of_a_space_and_of_one_configuration() -> None:
 
 def test_run_status_export_recommend_dashboard(tiny_study: Path, tmp_path: Path) -> None:
     out = ok("run", tiny_study, "--no-dashboard")
-    assert "6/6 finished" in out and "Pareto front" in out
+    assert "6/6 configurations measured" in out and "Pareto front" in out
     assert f"storage: {tiny_study.parent / 'tiny.db'}" in out  # every path it writes, stated first
-    assert "6/6 finished" in ok("status", tiny_study)
+    assert "6/6 configurations measured" in ok("status", tiny_study)
     ok("export", tiny_study, "--format", "csv", "--out", tmp_path / "t.csv")
     frame = pd.read_csv(tmp_path / "t.csv")
     assert len(frame) == 6 and {"layers", "heads", "params", "accuracy", "kappa_init_mean"} <= set(frame.columns)

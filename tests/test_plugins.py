@@ -69,7 +69,7 @@ def test_readme_plugin_package_runs_a_study_from_its_entry_points(tmp_path: Path
     result = subprocess.run([sys.executable, "-m", "explorer", "run", str(tmp_path / "parity-study.yaml"), "--no-dashboard"],
                             capture_output=True, text=True, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "4/4 finished" in result.stdout and "complete 4" in result.stdout
+    assert "4/4 configurations measured" in result.stdout and "complete 4" in result.stdout
     monkeypatch.syspath_prepend(str(site))
     trials = explorer.load(tmp_path / "parity-study.yaml").trials()  # the same study, read from here
     assert sorted(trials["arch"]) == ["layers=1,heads=1", "layers=1,heads=2", "layers=2,heads=1", "layers=2,heads=2"]

@@ -180,7 +180,7 @@ def test_a_local_study_continued_with_ray_and_pruned_within_bins(cluster: Cluste
     assert any(t.state == optuna.trial.TrialState.PRUNED for t in done[2:])  # (deterministic on CPU)
     assert not _trial_scratch()  # stopped trials cleaned up
     out = subprocess.run([sys.executable, "-m", "explorer.cli", "status", str(path)], capture_output=True, text=True)
-    assert out.returncode == 0 and "4/4 finished" in out.stdout
+    assert out.returncode == 0 and "4/4 configurations measured" in out.stdout
 
 
 @pytest.mark.slow

@@ -10,9 +10,11 @@ import optuna
 import pandas as pd
 import pytest
 from scipy import stats as sps
+from typer.testing import CliRunner
 
 from conftest import write_study
 from explorer import stats
+from explorer.cli import app
 from explorer.errors import ExplorerError
 from explorer.executors.local import LocalExecutor
 from explorer.frame import trials_frame
@@ -152,6 +154,11 @@ def test_replicate_seed_sets_one_data_order_across_configurations(tmp_path: Path
         assert len(orders) == 6 and all(o == orders[0] for o in orders) and orders[0] == first[s].tolist()
     assert study.finished(ostudy) == 12 and study.remaining(ostudy) == 0
     assert study.replicate_cost(ostudy) == (12, 12)
+    shown = CliRunner().invoke(app, ["status", str(path)], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    assert "6/6 configurations measured, 12 runs" in shown.output
+    assert "replicates (fixed), seeds [0, 1]: 12 runs of the 12 that every measured configuration at 2 seeds would take (100%)" in shown.output
+    assert "Pareto front of means" in shown.output and "front_prob" in shown.output
 
 
 @pytest.mark.slow

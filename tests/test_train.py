@@ -199,3 +199,42 @@ def test_budget_rejects_unknown_and_invalid_fields():
         Budget(epoch=3)
     with pytest.raises(ValidationError, match="lr"):
         Budget(lr=0)
+
+
+def test_trials_in_threads_initialise_as_they_would_alone(monkeypatch: pytest.MonkeyPatch):
+    """Trials in threads (executor.n_jobs) share torch's global RNG: each seeds it and builds its model
+    without the other drawing in between, so a replicate's seed gives the same model as alone. The build
+    here pauses between two draws, which lets the other thread reseed in the gap unless building is guarded."""
+    import threading
+    import time
+
+    import explorer.train as train_module
+
+    family = get_family("image-encoder")
+
+    class SlowBuild:
+        def __getattr__(self, name):
+            return getattr(family, name)
+
+        def build(self, dims):
+            family.build(dims)
+            time.sleep(0.2)
+            return family.build(dims)
+
+    monkeypatch.setattr(train_module, "get_family", lambda name: SlowBuild())
+    task = get_task("digits", {})
+    runs = [(IMAGE, Budget(epochs=1, max_steps=3, seed=0)), ({**IMAGE, "layers": 1}, Budget(epochs=1, max_steps=3, seed=1))]
+    alone = [train("image-encoder", dims, task, budget)[0].curve for dims, budget in runs]
+    together: list = [None, None]
+
+    def one(i: int) -> None:
+        dims, budget = runs[i]
+        together[i] = train("image-encoder", dims, task, budget)[0].curve
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+        time.sleep(0.05)  # the second starts while the first is inside its build
+    for t in threads:
+        t.join()
+    assert together == alone
