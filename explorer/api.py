@@ -25,7 +25,6 @@ from pydantic import BaseModel, ValidationError
 from explorer.errors import ExplorerError
 from explorer.executors import get_executor
 from explorer.frame import trials_frame
-from explorer.pareto import objective_values, pareto_mask
 from explorer.recommend import Recommendation, parse_budget, recommend
 from explorer.space import SpaceSpec
 from explorer.study import STORAGE_ERRORS, ExecutorSpec, Study, StudySpec, load_study_spec
@@ -97,31 +96,21 @@ class Experiment:
         return done.reset_index(drop=True)
 
     def front(self) -> pd.DataFrame:
-        """The Pareto front of the measured trials on the study's objectives, by parameters."""
-        done = self.measured()
-        if done.empty:
-            return done
-        objectives = [(o.name, o.direction) for o in self.study.objectives]
-        mask = pareto_mask(objective_values(done, objectives), [d for _, d in objectives])
-        return done[mask].sort_values("params", ignore_index=True)
+        """The Pareto front of the configurations' means (over their seeds), by parameters: rows of `stats()`."""
+        table = self.stats()
+        return table[table["on_front"]].sort_values("params", ignore_index=True) if len(table) else table
 
     def stats(self) -> pd.DataFrame:
-        """Per configuration: the measured trials `n`, the metric's mean, standard deviation (NaN
-        for one trial), min and max, parameters, FLOPs and κ at initialisation (mean over trials)."""
+        """Per configuration, from its seeds (explorer.stats.summarize): n, seeds, values, mean, std, se,
+        the 95% t interval lo-hi (NaN without replicates), front_prob, on_front, tied_with; and the
+        mean over its seeds of FLOPs and κ. Best mean first."""
+        table = self.study.summary(self.optuna_study())
         done = self.measured()
-        dims = [d for d in ("layers", "heads", "width", "mlp") if d in done]
-        numeric = [c for c in ("params", "flops", "kappa_init_mean", "kappa_final_mean") if c in done]
-        table = done.groupby("arch", sort=False).agg(
-            **{d: (d, "first") for d in dims},
-            n=(self.metric, "count"),
-            mean=(self.metric, "mean"),
-            std=(self.metric, "std"),
-            min=(self.metric, "min"),
-            max=(self.metric, "max"),
-            **{c: (c, "mean") for c in numeric},
-        )
+        for col in ("flops", "kappa_init_mean", "kappa_final_mean"):
+            if col in done and len(table):
+                table[col] = table["arch"].map(done.groupby("arch")[col].mean())
         ascending = not self.study.task.higher_is_better
-        return table.reset_index().sort_values(["mean", "params"], ascending=[ascending, True], ignore_index=True)
+        return table.sort_values(["mean", "params"], ascending=[ascending, True], ignore_index=True) if len(table) else table
 
     def recommend(self, budget: str | int) -> Recommendation:
         """The best configuration within `budget` (a count, "60M", or "10%-below-baseline"), measured

@@ -538,7 +538,7 @@ def _summary(name: str, df: pd.DataFrame, meta: dict[str, Any], summary: pd.Data
     if len(summary):
         best = summary.sort_values("mean", ascending=not higher).iloc[0]
         seeds = f" over {best['n']} seeds" if best["n"] > 1 else ""
-        text += (f"; best {_e(best['arch'])} {_e(_interval(best))}{seeds} "
+        text += (f"; highest mean {_e(best['arch'])} {_e(_interval(best))}{seeds} "
                  f"at {_e(format_count(best['params']))} params")
         if _replicated(summary):
             text += (f"; {len(summary)} configurations, {summary['n'].min()} to {summary['n'].max()} seeds each, "

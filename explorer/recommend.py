@@ -158,7 +158,9 @@ class Recommendation:
                 out.append(f"best measured within budget: {self.measured_key}, {self.measured_value:.4g}")
         if self.tied:
             listed = ", ".join(f"{k} ({format_count(p)})" for k, p in zip(self.tied, self.tied_params))
-            out.append(f"tied with it (no evidence either is better): {listed}; the smallest: {self.tied[0]}")
+            smaller = (f"; the smallest: {self.tied[0]}, {format_count(self.tied_params[0])} params"
+                       if self.tied_params[0] < self.params else "; none of them is smaller")
+            out.append(f"tied with it (no evidence either is better): {listed}{smaller}")
         elif self.kind == "measured" and math.isfinite(self.half):
             out.append("nothing else within budget is tied with it")
         if self.baseline_key is not None and self.baseline_value is None:

@@ -38,7 +38,8 @@ def test_readme_python_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     trials = again.trials()
     assert len(trials) == 4 and set(trials["state"]) == {"COMPLETE"}
     stats = again.stats()
-    assert len(stats) == 4 and (stats["n"] == 1).all() and stats["std"].isna().all()
+    assert len(stats) == 4 and (stats["n"] == 1).all() and stats["std"].isna().all() and stats["lo"].isna().all()
+    assert {"front_prob", "on_front", "kappa_init_mean", "flops"} <= set(stats)
     assert stats["mean"].is_monotonic_decreasing  # accuracy: best first
     front = again.front()
     assert 1 <= len(front) <= 4 and front["params"].is_monotonic_increasing

@@ -125,7 +125,9 @@ def test_recommend_reports_ties_the_smallest_and_a_paired_baseline() -> None:
     assert rec.key == "big" and rec.n == 3 and rec.tied == ("mid",)
     assert rec.margin == pytest.approx(np.mean([0.05, 0.043, 0.055])) and not rec.baseline.tied
     text = "\n".join(rec.lines())
-    assert "the smallest: mid" in text and "big beats the baseline: +4.9 ±" in text and "paired over 3 seeds" in text
+    assert "the smallest: mid, 200 params" in text and "big beats the baseline: +4.9 ±" in text and "paired over 3 seeds" in text
+    same = recommend(synthetic_frame(table, {**params, "mid": 300}), 300, "base")
+    assert same.tied == ("mid",) and "none of them is smaller" in "\n".join(same.lines())
 
 
 # -- replicates in a real study -----------------------------------------------------------------------------
