@@ -714,6 +714,17 @@ class Study:
                     for t in trials)
         return self._to_n(study, trials) + extra
 
+    def unstarted(self, study: optuna.Study) -> int:
+        """Trials no worker has started yet: `remaining` less the configurations being measured now,
+        and for a grid no more than its queue (what a worker asking now would get)."""
+        trials = study.get_trials(deepcopy=False)
+        waiting = [t for t in trials if t.state == optuna.trial.TrialState.WAITING]
+        extra = sum(bool(t.user_attrs.get("verify") or t.user_attrs.get("replicate")) for t in waiting)
+        running = sum(t.state == optuna.trial.TrialState.RUNNING and not (t.user_attrs.get("verify") or t.user_attrs.get("replicate"))
+                      for t in trials)
+        left = max(0, self._to_n(study, trials) - running) + extra
+        return min(left, len(waiting)) if self.spec.sampler.name == "grid" else left
+
     def _to_n(self, study: optuna.Study, trials: list[optuna.trial.FrozenTrial]) -> int:
         """Configurations still to measure before `n_trials` is reached (0 once the sampler stalled)."""
         counted = [t for t in trials if self._counts(t)]

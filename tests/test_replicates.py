@@ -229,6 +229,8 @@ def test_adaptive_replicates_recover_the_true_front_where_one_seed_does_not(tmp_
         recovered["one seed"] += bool((one_seed == truth).all())
         runs, at_max = study.replicate_cost(ostudy)
         spent.append(runs / at_max)
+    print(f"true front recovered in {reps} repetitions: adaptive {recovered['adaptive']}, one seed {recovered['one seed']}; "
+          f"adaptive compute {np.mean(spent):.2f} of 6 seeds everywhere")
     assert recovered["adaptive"] >= 15 and recovered["one seed"] <= 10, recovered
     assert np.mean(spent) < 0.7, spent  # well short of every configuration at 6 seeds
 
@@ -240,3 +242,34 @@ def test_replay_spends_seeds_only_where_the_front_is_uncertain() -> None:
     got = replay(tables, params, [0, 1, 2, 3], ReplicateSpec(policy="adaptive"), draws=500)
     assert got["far"] == [0] and len(got["c"]) == 4 and len(got["b"]) >= 2  # b vs c is close: c is resolved no sooner than the maximum
     assert replay(tables, params, [0, 1], ReplicateSpec(policy="fixed")) == {k: [0, 1] for k in tables}
+
+
+def synthetic_evaluate(pause: float):
+    """Study.evaluate replaced by the known surface plus seeded noise, taking `pause` seconds."""
+    import time
+
+    def evaluate(self, cfg, lineage, on_epoch=None, device=None, checkpoint_dir=None, seed=None):
+        time.sleep(pause)
+        value = true_accuracy(cfg.dims) + 0.01 * np.random.default_rng([seed, cfg.dims["layers"], cfg.dims["heads"]]).standard_normal()
+        return {"config": cfg.dims, "layers": cfg.dims["layers"], "heads": cfg.dims["heads"], "params": cfg.params,
+                "seed": seed, "accuracy": value, "curve": [value]}
+    return evaluate
+
+
+@pytest.mark.parametrize("sampler, n_trials, seeds", [("grid", 12, 2), ("grid", 11, 1), ("budget-ei", 5, 2)])
+def test_trials_in_threads_start_only_what_is_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sampler: str, n_trials: int,
+                                                   seeds: int) -> None:
+    """Two threads whose trials end together (same length) never both take the last unstarted trial: no
+    proposal answered from storage, no configuration past n_trials, every replicate once."""
+    monkeypatch.setattr("explorer.study.Study.evaluate", synthetic_evaluate(0.05))
+    path = write_study(tmp_path, space_doc=WIDE_SPACE, n_trials=n_trials, budget={**QUICK, "seeds": seeds},
+                       replicates={"policy": "fixed"}, sampler={"name": sampler, "seed": 0},
+                       executor={"name": "local", "cpu": 1, "n_jobs": 2})
+    study = load_study_spec(path)
+    ostudy = study.open()
+    LocalExecutor().run(study, ostudy)
+    trials = [t for t in ostudy.get_trials() if t.state != optuna.trial.TrialState.WAITING]  # a grid past n_trials keeps the rest queued
+    assert all(t.state == COMPLETE and "duplicate_of" not in t.user_attrs for t in trials), [(t.state, t.params.get("arch")) for t in trials]
+    keys = {t.params["arch"] for t in trials}
+    assert len(keys) == n_trials
+    assert sorted((t.params["arch"], t.user_attrs.get("seed", 0)) for t in trials) == sorted((k, s) for k in keys for s in range(seeds))

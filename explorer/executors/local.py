@@ -53,6 +53,7 @@ class LocalExecutor(Executor):
         torch.set_num_threads(max(1, int(study.spec.executor.cpu)))  # CPUs per trial, as Ray would allot
 
         def objective(trial: optuna.Trial) -> list[float]:
+            slots.taken()
             cfg = study.suggest(trial)
             _await_earlier(study, ostudy, trial, cfg.key, interrupts)
             values = study.answer_from_storage(ostudy, trial, cfg)
@@ -90,11 +91,13 @@ class LocalExecutor(Executor):
                 study.queue_replicates(s)
             if on_trial is not None:
                 on_trial(s, t)
-            if interrupts.requested or _done(study, s) or study.too_many_failures(s):
+            if interrupts.requested or _done(study, s) or study.too_many_failures(s) or not slots.reserve(study.unstarted(s)):
                 s.stop()
 
         while True:  # a round of replicates may be queued after the last trial stopped the study
-            ostudy.optimize(objective, callbacks=[after], catch=(TrialFailed,), gc_after_trial=False, n_jobs=study.spec.executor.n_jobs)
+            slots = _Slots()
+            jobs = min(study.spec.executor.n_jobs, max(1, study.unstarted(ostudy)))
+            ostudy.optimize(objective, callbacks=[after], catch=(TrialFailed,), gc_after_trial=False, n_jobs=jobs)
             if interrupts.requested or study.too_many_failures(ostudy):
                 break
             study.queue_replicates(ostudy)
@@ -103,6 +106,30 @@ class LocalExecutor(Executor):
         if study.too_many_failures(ostudy):
             raise ExplorerError(f"stopped after {study.failures(ostudy)} failed trials (max_failures: {study.spec.max_failures}); "
                                 "see `explorer status` for their reasons", source=str(study.source))
+
+
+class _Slots:
+    """Trials this process's threads decided to start but have not asked for yet.
+
+    With `n_jobs` threads, two trials ending together would each see the last unstarted trial and
+    both start one: the second would ask an empty grid queue (a duplicate) or sample a configuration
+    past `n_trials`. A thread starts another trial only if one is left beyond those already reserved.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._reserved = 0
+
+    def reserve(self, unstarted: int) -> bool:
+        with self._lock:
+            if unstarted - self._reserved <= 0:
+                return False
+            self._reserved += 1
+            return True
+
+    def taken(self) -> None:
+        with self._lock:
+            self._reserved = max(0, self._reserved - 1)
 
 
 class _Interrupts:
