@@ -245,7 +245,7 @@ def _status(study, ostudy, failures: bool = True) -> None:
     counts = frame["state"].value_counts().to_dict() if len(frame) else {}
     duplicates = len(trials_frame(ostudy, duplicates=True)) - len(frame)
     summary = study.summary(ostudy)
-    out.print(f"[bold]{study.spec.name}[/]: {len(summary)}/{study.spec.n_trials} configurations measured, "
+    out.print(f"[bold]{study.spec.name}[/]: {study.configurations(ostudy)}/{study.spec.n_trials} configurations measured, "
               f"{study.finished(ostudy)} runs; " + ", ".join(f"{k.lower()} {v}" for k, v in sorted(counts.items()))
               + (f"; {duplicates} proposals of measured configurations answered from storage" if duplicates else ""))
     if len(study.seeds) > 1:

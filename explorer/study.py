@@ -662,6 +662,10 @@ class Study:
         """Measurements so far, replicates included (see `_measured`)."""
         return sum(self._measured(t) for t in study.get_trials(deepcopy=False))
 
+    def configurations(self, study: optuna.Study) -> int:
+        """Configurations measured so far (complete, pruned or failed by itself): what `n_trials` counts."""
+        return len({t.params.get("arch") for t in study.get_trials(deepcopy=False) if self._counts(t)})
+
     def failures(self, study: optuna.Study) -> int:
         return sum(t.state == optuna.trial.TrialState.FAIL and "fail_reason" in t.user_attrs for t in study.get_trials(deepcopy=False))
 
