@@ -426,7 +426,6 @@ def _table(frames: dict[str, pd.DataFrame], meta: dict[str, dict], stats: dict[s
                *metrics, "kappa_init_mean", "kappa_final_mean", "train_time_s", "device", "front", "fail_reason"]
     if not any("seed" in df for df in frames.values()):
         columns.remove("seed")
-    head = "".join(f'<th title="sort">{_e(c)}</th>' for c in columns)
     body = []
     for name, df in frames.items():
         summary = stats[name]
@@ -439,15 +438,10 @@ def _table(frames: dict[str, pd.DataFrame], meta: dict[str, dict], stats: dict[s
                 elif c == "front":  # the trial's configuration is on the front of means
                     on = row["state"] == "COMPLETE" and row.get("arch") in on_front
                     cells.append(f"<td>{'yes' if on else ''}</td>")
-                elif c in ("params", "flops"):
-                    v = row.get(c)
-                    shown = "" if v is None or pd.isna(v) else format_count(v)
-                    cells.append(f'<td data-v="{_e(_num(v))}">{_e(shown)}</td>')
                 else:
-                    cells.append(f"<td>{_e(_text(row.get(c)))}</td>")
+                    cells.append(_td(c, row.get(c)))
             body.append("<tr>" + "".join(cells) + "</tr>")
-    return (f'<table id="trial-table" class="sortable"><thead><tr>{head}</tr></thead>'
-            f'<tbody>{"".join(body)}</tbody></table>')
+    return _sortable("trial-table", columns, body)
 
 
 def _config_table(frames: dict[str, pd.DataFrame], meta: dict[str, dict], stats: dict[str, pd.DataFrame]) -> str:
@@ -456,7 +450,6 @@ def _config_table(frames: dict[str, pd.DataFrame], meta: dict[str, dict], stats:
                "P(on front)", "front", "tied with", "values by seed"]
     if not any(_replicated(summary) for summary in stats.values()):  # no interval anywhere: no empty columns
         columns = [c for c in columns if c not in ("±", "lo", "hi", "std", "P(on front)", "tied with")]
-    head = "".join(f'<th title="sort">{_e(c)}</th>' for c in columns)
     body = []
     for name, summary in stats.items():
         for row in summary.to_dict("records"):
@@ -467,16 +460,21 @@ def _config_table(frames: dict[str, pd.DataFrame], meta: dict[str, dict], stats:
                 "tied with": row["tied_with"] if isinstance(row["tied_with"], str) else "",
                 "values by seed": ", ".join(f"{seed}: {_num(v)}" for seed, v in zip(row["seeds"], row["values"])),
             }
-            cells = []
-            for c in columns:
-                v = values[c] if c in values else row.get(c)
-                if c == "params":
-                    cells.append(f'<td data-v="{_e(_num(v))}">{_e(format_count(v))}</td>')
-                else:
-                    cells.append(f"<td>{_e(_text(v))}</td>")
-            body.append("<tr>" + "".join(cells) + "</tr>")
-    return (f'<table id="config-table" class="sortable"><thead><tr>{head}</tr></thead>'
-            f'<tbody>{"".join(body)}</tbody></table>')
+            body.append("<tr>" + "".join(_td(c, values[c] if c in values else row.get(c)) for c in columns) + "</tr>")
+    return _sortable("config-table", columns, body)
+
+
+def _td(column: str, value: Any) -> str:
+    """One cell; counts (params, FLOPs) are shown as 35.7k and sort by their number."""
+    if column in ("params", "flops"):
+        shown = "" if value is None or pd.isna(value) else format_count(value)
+        return f'<td data-v="{_e(_num(value))}">{_e(shown)}</td>'
+    return f"<td>{_e(_text(value))}</td>"
+
+
+def _sortable(table_id: str, columns: list[str], body: list[str]) -> str:
+    head = "".join(f'<th title="sort">{_e(c)}</th>' for c in columns)
+    return f'<table id="{table_id}" class="sortable"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
 def _config_note(stats: dict[str, pd.DataFrame]) -> str:
