@@ -182,11 +182,10 @@ def _run(path: Path, *, create: bool, force: bool, executor: str | None, address
 
 
 def _planned(study, ostudy) -> int:
-    """Runs this study is known to take so far: those finished, running and still to run (replicates
+    """Runs this study is known to take so far: those finished, running and not yet started (replicates
     queued by an adaptive policy raise it as they are queued)."""
-    running = sum(t.state.name == "RUNNING" and bool(t.user_attrs.get("replicate") or t.user_attrs.get("verify"))
-                  for t in ostudy.get_trials(deepcopy=False))  # the rest are among the configurations still to measure
-    return max(study.spec.n_trials, study.finished(ostudy) + running + study.remaining(ostudy))
+    running = sum(t.state.name == "RUNNING" for t in ostudy.get_trials(deepcopy=False))
+    return max(study.spec.n_trials, study.finished(ostudy) + running + study.unstarted(ostudy))
 
 
 def _executor_name(name: str) -> str:
