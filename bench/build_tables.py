@@ -5,9 +5,10 @@
 
 Each (configuration, seed) is one `explorer.train.run_trial` with the study's task and budget,
 `budget.seed` set to the seed (it sets initialisation and data order); `--jobs` processes train in
-parallel, each torch on one thread. A row is appended to `OUT` without its `.gz` (a plain CSV,
-flushed per row) as soon as its run ends, so an interrupted build loses at most the runs in
-flight and a rerun skips every row already there; when the table is complete it is written
+parallel, each torch on one thread (spawned: a forked worker inherits the parent's torch state and
+did not finish a 2-second run in 11 minutes here). A row is appended to `OUT` without its `.gz` (a
+plain CSV, flushed per row) as soon as its run ends, so an interrupted build loses at most the runs
+in flight and a rerun skips every row already there; when the table is complete it is written
 compressed to `OUT` and the plain file removed. `bench/search.py` and `bench/stability.py` read
 these tables: one row per (key, seed) with layers, heads, width, mlp, params, seed, metric (the final
 metric), curve (the metric after each epoch, JSON), eval_loss, train_time_s, kappa_init, kappa_final.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import multiprocessing
 import os
 import sys
 import time
@@ -63,7 +65,7 @@ def _init_worker() -> None:
 
 def _run(study_path: str, key: str, seed: int, epochs: int | None) -> dict:
     """Train one configuration at one seed; the row of the table."""
-    from explorer.conditioning import geometric_mean
+    from explorer.conditioning import summary
     from explorer.study import load_study_spec
     from explorer.train import run_trial
 
@@ -76,7 +78,7 @@ def _run(study_path: str, key: str, seed: int, epochs: int | None) -> dict:
     return {"key": key, **{d: dims.get(d) for d in ("layers", "heads", "width", "mlp")}, "params": cfg.params,
             "seed": seed, "metric": result.metric, "curve": json.dumps([round(v, 6) for v in result.curve]),
             "eval_loss": result.metrics["eval_loss"], "train_time_s": round(result.train_time_s, 3),
-            "kappa_init": geometric_mean(result.kappa_init), "kappa_final": geometric_mean(result.kappa_final),
+            "kappa_init": summary(result.kappa_init), "kappa_final": summary(result.kappa_final),
             "epochs": budget.epochs}
 
 
@@ -102,7 +104,7 @@ def main() -> None:
     partial.parent.mkdir(parents=True, exist_ok=True)
     new_file = not partial.exists() or partial.stat().st_size == 0
     start = time.perf_counter()
-    with open(partial, "a", newline="") as fh, ProcessPoolExecutor(args.jobs, initializer=_init_worker) as pool:
+    with open(partial, "a", newline="") as fh, ProcessPoolExecutor(args.jobs, multiprocessing.get_context("spawn"), _init_worker) as pool:
         writer = csv.DictWriter(fh, COLUMNS)
         if new_file:
             writer.writeheader()
