@@ -1,6 +1,6 @@
 """Samplers replayed against complete tables of real runs: which one finds the budget front fastest.
 
-    python bench/search.py [--seeds 20] [--jobs 2] [--gp-seeds 20]
+    python bench/search.py [--seeds 20] [--prune-seeds 60] [--jobs 2] [--samplers budget-ei,tpe] [--pruners dominated:0.5]
 
 For each table under bench/data/ (every configuration of a space trained at several seeds by
 bench/build_tables.py) each sampler runs an Optuna study (maximize the metric, minimize parameters)
@@ -16,9 +16,9 @@ evaluation. At 10%, 25% and 50% of the grid's evaluations it prints, as means ov
   over that of the table's whole true front;
 
 with ratios against Optuna's RandomSampler over `arch`. Then the same default sampler with and
-without pruning within parameter bins (explorer.pruning, replayed on the per-epoch curves): epochs
-spent to reach (within 10%) the regret the unpruned run has after 10/25/50% of the grid, and the
-regret of each at equal epochs. Last, from the tables alone: Kendall's tau between the ranking
+without each pruner of `--pruners` (explorer.pruning, replayed on the per-epoch curves; a pruned
+trial stores its curve so far, as in a study): epochs spent to reach (within 10%) the regret the
+unpruned run has after 10/25/50% of the grid, and the regret of each at equal epochs. Last, from the tables alone: Kendall's tau between the ranking
 after e epochs and after all epochs, within parameter bins, the evidence both short runs and
 pruning rest on.
 """
@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import optuna
 from scipy.stats import kendalltau
+from scipy.stats import t as student_t
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -56,6 +57,8 @@ ASKS_PER_EVAL = 4
 DEFAULT = "budget-ei"  # explorer's default sampler (explorer.study.SamplerSpec)
 # ablations that settle a design question at a glance but cost minutes per replay: fewer seeds
 FEW_SEEDS = ("gp", "tpe-constraints", "tpe-repeats")
+PRUNERS = (("median", 0.5), ("dominated", 0.5, 0.01))  # (rule, warmup as a fraction of the epochs[, margin[, startup]])
+SAVED = 0.7  # pruning's target: 30% fewer epochs for at most 10% more regret
 
 
 @dataclass
@@ -126,7 +129,14 @@ def samplers(table: Table, seed: int) -> dict[str, Callable[[], optuna.samplers.
     }
 
 
-def replay(table_name: str, sampler: str, seed: int, prune: bool, data: str, last: float = FRACTIONS[-1]) -> dict:
+def make_pruner(table: Table, rule: str, warmup: float, margin: float = 0.0, startup: float = 3) -> BinnedPruner:
+    """A pruner as a study would build it; `warmup` is a fraction of the table's epochs."""
+    full = len(next(iter(table.replicates.values()))[0][1])
+    edges = bin_edges(list(table.params.values()), 3)
+    return BinnedPruner(rule, True, edges, warmup=max(1, round(warmup * full)), startup=int(startup), margin=margin, epochs=full)
+
+
+def replay(table_name: str, sampler: str, seed: int, prune: tuple | None, data: str, last: float = FRACTIONS[-1]) -> dict:
     """One optimizer seed of one sampler on one table: regret, hypervolume, epochs at each fraction."""
     import torch
 
@@ -139,7 +149,7 @@ def replay(table_name: str, sampler: str, seed: int, prune: bool, data: str, las
     rng = np.random.default_rng(10_000 + seed)
     study = optuna.create_study(directions=["maximize", "minimize"], sampler=samplers(table, seed)[sampler]())
     enc = table.arch if sampler.endswith("-arch") else table.encoding
-    pruner = BinnedPruner("median", True, bin_edges(list(table.params.values()), 3), warmup=2, startup=3)
+    pruner = make_pruner(table, *prune) if prune else None
     first: dict[str, list[float]] = {}  # the first answer given for each configuration
     measured: dict[str, float] = {}  # complete (not pruned) configurations' measured metric
     peers: list[Peer] = []
@@ -173,13 +183,14 @@ def replay(table_name: str, sampler: str, seed: int, prune: bool, data: str, las
         metric, curve = table.replicates[key][int(rng.integers(len(table.replicates[key])))]
         first[key] = curve
         done = len(curve)
-        if prune:
+        if pruner:
             for e in range(1, len(curve)):
-                if pruner.should_prune(e, curve[e - 1], cfg.params, peers):
+                if pruner.should_prune(e, curve[e - 1], cfg.params, peers, key):
                     done = e
                     break
         epochs += done
-        peers.append(Peer(cfg.params, curve[:done]))
+        peers.append(Peer(cfg.params, curve[:done], key))
+        trial.set_user_attr("curve", curve[:done])  # as a study stores it: BudgetSampler learns from pruned trials
         if done < len(curve):
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         else:
@@ -203,6 +214,13 @@ def _regret_at(results: list[dict], epochs: float) -> float:
         within = [reg for e, reg in r["trace"] if e <= epochs]
         out.append(within[-1] if within else r["empty"])
     return float(np.mean(out))
+
+
+def _paired(pruned: list[dict], unpruned: list[dict], epochs: float, spent: float) -> tuple[float, float]:
+    """Mean and 95% t half-width over optimizer seeds of pruned regret at `epochs` minus unpruned at `spent`."""
+    base = {r["seed"]: r for r in unpruned}
+    d = np.array([_regret_at([r], epochs) - _regret_at([base[r["seed"]]], spent) for r in pruned if r["seed"] in base])
+    return float(d.mean()), float(student_t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d)))
 
 
 def kendall(table: Table, bins: int = 3) -> dict[int, float]:
@@ -230,20 +248,32 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--tables", default=",".join(TABLES))
     parser.add_argument("--samplers", default=None, help="comma-separated subset")
+    parser.add_argument("--prune-seeds", type=int, default=60, help="optimizer seeds of the pruning comparison (paired)")
+    parser.add_argument("--pruners", default=",".join(":".join(map(str, p)) for p in PRUNERS),
+                        help="rule:warmup[:margin[:startup]], comma-separated; warmup is a fraction of the epochs")
     parser.add_argument("--data", default=str(ROOT / "bench" / "data"), help="the folder of the tables")
     args = parser.parse_args()
     start = time.perf_counter()
     tables = {name: Table.load(name, Path(args.data)) for name in args.tables.split(",")}
     names = args.samplers.split(",") if args.samplers else list(samplers(next(iter(tables.values())), 0))
+    def seeds(sampler: str) -> int:  # the default also pairs with each pruner's replays
+        return args.few_seeds if sampler in FEW_SEEDS else max(args.seeds, args.prune_seeds) if sampler == DEFAULT else args.seeds
+
     jobs = [(t, s, seed, False, args.data, args.gp_last if s == "gp" else FRACTIONS[-1])
-            for t in tables for s in names for seed in range(args.few_seeds if s in FEW_SEEDS else args.seeds)]
+            for t in tables for s in names for seed in range(seeds(s))]
     jobs.sort(key=lambda job: job[1] not in FEW_SEEDS)  # the slow ones first, so the pool ends together
-    jobs += [(t, DEFAULT, seed, True, args.data, FRACTIONS[-1]) for t in tables for seed in range(args.seeds)]
+    pruners = [_pruner_arg(text) for text in args.pruners.split(",") if text]
+    jobs += [(t, DEFAULT, seed, p, args.data, FRACTIONS[-1]) for t in tables for p in pruners for seed in range(args.prune_seeds)]
     with ProcessPoolExecutor(args.jobs) as pool:
         results = list(pool.map(replay, *zip(*jobs), chunksize=1))
     for name, table in tables.items():
         _print_table(table, [r for r in results if r["table"] == name], names)
     print(f"\n{len(jobs)} replays in {(time.perf_counter() - start) / 60:.1f} min on {args.jobs} processes")
+
+
+def _pruner_arg(text: str) -> tuple:
+    rule, *rest = text.split(":")
+    return (rule, *map(float, rest))
 
 
 def _print_table(table: Table, results: list[dict], names: list[str]) -> None:
@@ -274,17 +304,21 @@ def _print_table(table: Table, results: list[dict], names: list[str]) -> None:
             cells += f"  {mean:6.2f} ± {spread:5.2f} {ratio:5.2f} {stats(rs, m, 'hv')[0]:6.3f}"
         label = s + (" (default)" if s == DEFAULT else "")
         print(f"{label:<24}{len(rs):>5}{cells}  {np.mean([r['seconds'] for r in rs]):6.1f}")
-    pruned = [r for r in results if r["prune"] and r["sampler"] == DEFAULT]
     unpruned = [r for r in plain if r["sampler"] == DEFAULT]
-    if pruned and unpruned:
+    for prune in dict.fromkeys(r["prune"] for r in results if r["prune"]):
+        pruned = [r for r in results if r["prune"] == prune]
         full = unpruned[0]["full"]
-        print(f"pruning within 3 parameter bins (median rule, warmup 2, startup 3), {DEFAULT}, {len(pruned)} seeds:")
+        rule, warmup, margin, startup = (*prune, *("", 0.0, 0.0, 3)[len(prune):])
+        print(f"pruning: {rule}, warmup {max(1, round(warmup * full))} of {full} epochs, margin {100 * margin:.1f} points, "
+              f"startup {int(startup)}, {DEFAULT}, {len(pruned)} seeds:")
         for m in marks:
             spent = full * m  # what the unpruned run spends on m evaluations
             r0, r1 = _regret_at(unpruned, spent), _regret_at(pruned, spent)
             reach = next((e for e in range(1, spent + 1) if _regret_at(pruned, e) <= 1.1 * r0), None)
             saved = f"{reach} epochs ({reach / spent:.2f}x)" if reach else "not within them"
-            print(f"  {spent:5} epochs (@{m}): regret {r0:5.2f} unpruned, {r1:5.2f} pruned; pruned reaches 1.1x the unpruned regret in {saved}")
+            d, half = _paired(pruned, unpruned, SAVED * spent, spent)
+            print(f"  {spent:5} epochs (@{m}): regret {r0:5.2f} unpruned, {r1:5.2f} pruned; pruned reaches 1.1x the unpruned regret in {saved}; "
+                  f"pruned at {SAVED:.1f}x the epochs minus unpruned: {d:+.2f} ± {half:.2f} (paired, 95%)")
     taus = kendall(table)
     print("Kendall's tau, ranking after e epochs vs all epochs, mean over 3 parameter bins: "
           + ", ".join(f"e={e}: {t:.2f}" for e, t in taus.items()))

@@ -2,8 +2,18 @@
 
 Optuna's pruners do not support multi-objective studies, and a plain median rule would prune every
 small model early: with parameters as a second objective, a small model that is worse than a big one
-can still be on the Pareto front. So a trial is compared only with trials in its own parameter bin
-(quantile bins over the space's feasible configurations).
+can still be on the Pareto front. Two ways to be fair to it:
+
+- `dominated` (explorer's own): a trial is stopped when, even with the largest gain any complete trial
+  of its parameter bin made from this epoch to the end, it would still finish more than `margin` below
+  a complete configuration with no more parameters. Such a trial can answer no budget question (a
+  cheaper configuration beats it), so only trials that cannot reach the budget front are stopped.
+  Comparing metrics at the same epoch instead stopped the big models, which learn slower early
+  (bench/search.py; see the README).
+- `median` and `successive-halving`: a trial is compared only with trials in its own parameter bin
+  (quantile bins over the space's feasible configurations).
+
+A trial is never compared with its own configuration's other seeds (replicates).
 """
 
 from __future__ import annotations
@@ -27,13 +37,16 @@ class Peer:
 
     params: int
     curve: Sequence[float]
+    key: str | None = None  # its configuration: replicates of the trial's own one are not its peers
 
 
 @dataclass(frozen=True)
 class BinnedPruner:
-    """`median` or `successive-halving` within a parameter bin.
+    """`dominated`, or `median` or `successive-halving` within a parameter bin.
 
-    median: after `warmup` epochs and once `startup` peers reached this epoch, prune a trial worse than
+    dominated: after `warmup` epochs and once `startup` peers of its bin completed all `epochs`, prune
+    a trial whose metric plus the largest gain those peers made after this epoch is still more than
+    `margin` (metric units) below the final metric of a complete peer with no more parameters. median: after `warmup` epochs and once `startup` peers reached this epoch, prune a trial worse than
     the median of its peers at the same epoch. successive-halving: at rungs warmup * eta**k, keep the
     best 1/eta of the trial and its peers.
     """
@@ -44,18 +57,26 @@ class BinnedPruner:
     warmup: int = 1
     startup: int = 4
     eta: int = 2
+    margin: float = 0.0
+    epochs: int | None = None  # of a complete trial; `dominated` needs it
 
     def bin(self, params: int) -> int:
         return int(np.searchsorted(self.edges, params, side="right"))
 
-    def should_prune(self, epoch: int, value: float, params: int, peers: Sequence[Peer]) -> bool:
-        """`epoch` counts from 1 (epochs finished). `peers` are other trials; those in other bins are ignored."""
+    def should_prune(self, epoch: int, value: float, params: int, peers: Sequence[Peer], key: str | None = None) -> bool:
+        """`epoch` counts from 1 (epochs finished). `peers` are other trials; those of configuration `key`
+        (the trial's own, other seeds) are ignored, and for the binned rules those in other bins."""
         if self.rule == "none" or epoch < max(1, self.warmup):
             return False
-        mine = self.bin(params)
-        at_epoch = np.array([p.curve[epoch - 1] for p in peers if self.bin(p.params) == mine and len(p.curve) >= epoch], dtype=float)
-        at_epoch = at_epoch[np.isfinite(at_epoch)]
+        peers = [p for p in peers if len(p.curve) >= epoch and np.isfinite(p.curve[epoch - 1]) and (key is None or p.key != key)]
         sign = 1.0 if self.higher_is_better else -1.0
+        mine = self.bin(params)
+        if self.rule == "dominated":
+            done = [p for p in peers if len(p.curve) == self.epochs and np.isfinite(p.curve[-1])]
+            gains = [sign * (p.curve[-1] - p.curve[epoch - 1]) for p in done if self.bin(p.params) == mine]
+            cheaper = [sign * p.curve[-1] for p in done if p.params <= params]
+            return len(gains) >= self.startup and bool(cheaper) and sign * value + max(gains) + self.margin < max(cheaper)
+        at_epoch = np.array([p.curve[epoch - 1] for p in peers if self.bin(p.params) == mine], dtype=float)
         if self.rule == "median":
             return len(at_epoch) >= self.startup and sign * value < sign * float(np.median(at_epoch))
         rung = max(1, self.warmup)

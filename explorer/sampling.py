@@ -222,6 +222,7 @@ class BudgetSampler(BaseSampler):
     `metric` is the objective index of the task's metric and `maximize` its direction; `cost` is each
     configuration's known-before-training cost (parameters), on whose log the budgets lie. The first
     `n_startup` configurations are spread over cost quantiles, one per bin, so every budget is seen early.
+    Pruned trials count too, at a guessed final metric (see `_observations`).
     """
 
     def __init__(self, encoding: Encoding, metric: int, maximize: bool, n_startup: int = 5, seed: int | None = None):
@@ -254,9 +255,7 @@ class BudgetSampler(BaseSampler):
         if fixed is not None:  # a queued configuration: the rest follows it
             return enc.params(fixed)
         allowed = _untaken(enc, study, trial.number)
-        index = {k: i for i, k in enumerate(enc.keys)}
-        seen = [(index[k], t.values[self.metric]) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if (k := enc.key_of(t)) in index and t.values is not None and math.isfinite(t.values[self.metric])]
+        seen = self._observations(study)
         if len({i for i, _ in seen}) < self.n_startup:
             return enc.params(enc.configs[self._startup(allowed, {i for i, _ in seen})])
         rows = np.array([i for i, _ in seen])
@@ -266,6 +265,29 @@ class BudgetSampler(BaseSampler):
             mean, sd = self._gp.predict(self.features, return_std=True)
         score = self._acquisition(mean, np.maximum(sd, 1e-9), rows)
         return enc.params(enc.configs[int(np.argmax(np.where(allowed, score, -np.inf)))])
+
+    def _observations(self, study: optuna.Study) -> list[tuple[int, float]]:
+        """(configuration index, metric) of complete trials, and of pruned ones at a guessed final metric.
+
+        A pruned trial's guess is its last per-epoch metric plus the median gain complete trials made
+        from that epoch to their end: without it the GP never learns that the pruned region is poor
+        and keeps proposing its neighbours."""
+        index = {k: i for i, k in enumerate(self.encoding.keys)}
+        done, cut = [], []
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+            i, curve = index.get(self.encoding.key_of(t)), t.user_attrs.get("curve") or []
+            if i is None:
+                continue
+            if t.state == TrialState.COMPLETE and t.values is not None and math.isfinite(t.values[self.metric]):
+                done.append((i, t.values[self.metric], curve))
+            elif t.state == TrialState.PRUNED and curve and math.isfinite(curve[-1]):
+                cut.append((i, curve))
+        out = [(i, v) for i, v, _ in done]
+        for i, curve in cut:
+            gains = [v - c[len(curve) - 1] for _, v, c in done if len(c) > len(curve) and math.isfinite(c[len(curve) - 1])]
+            if gains:
+                out.append((i, curve[-1] + float(np.median(gains))))
+        return out
 
     def _fit(self, x: np.ndarray, y: np.ndarray) -> None:
         """Fit the GP; its hyperparameters are re-optimised once the data grew by a quarter (cheap otherwise)."""

@@ -64,15 +64,19 @@ class SamplerSpec(BaseModel):
 
 
 class PrunerSpec(BaseModel):
-    """Pruning on the per-epoch metric within parameter bins (see explorer.pruning); the Ray executor
-    runs successive-halving as ASHA."""
+    """Pruning on the per-epoch metric, fair to small models (see explorer.pruning): `dominated` stops a
+    trial that, even with the largest gain its bin's complete trials made from this epoch on, would
+    finish more than `margin` below a configuration with no more parameters; `median` and
+    `successive-halving` compare within `param_bins` parameter bins. Replicates and verification
+    trials are never pruned: their configuration is measured on purpose."""
 
     model_config = ConfigDict(extra="forbid")
-    name: Literal["none", "median", "successive-halving"] = "none"
+    name: Literal["none", "dominated", "median", "successive-halving"] = "none"
     warmup_epochs: int = Field(1, ge=1)
     startup_trials: int = Field(4, ge=1)
     reduction_factor: int = Field(2, ge=2)
     param_bins: int = Field(3, ge=1)
+    margin: float = Field(0.0, ge=0)  # dominated only, in the metric's units
 
 
 class ExecutorSpec(BaseModel):
@@ -156,6 +160,7 @@ class Study:
         self._check_objectives()
         self._check_task_fits_space()
         self._queueing = threading.Lock()
+        self._sampling = threading.Lock()  # trials in threads sample one at a time, each seeing the other's proposal
 
     def to_data(self) -> dict[str, Any]:
         """The resolved study as plain data, for machines that do not have its files (Ray worker nodes)."""
@@ -297,10 +302,12 @@ class Study:
         }.get(s.name, lambda: optuna.samplers.RandomSampler(seed=s.seed))()  # grid: the queue decides; random fills
         return FeasibleSampler(enc, inner, seed=s.seed)
 
+    @cached_property
     def pruner(self) -> BinnedPruner:
         p = self.spec.pruner
         edges = bin_edges([cfg.params for cfg in self.space.configs()], p.param_bins)
-        return BinnedPruner(p.name, self.task.higher_is_better, edges, p.warmup_epochs, p.startup_trials, p.reduction_factor)
+        return BinnedPruner(p.name, self.task.higher_is_better, edges, p.warmup_epochs, p.startup_trials, p.reduction_factor,
+                            p.margin, self.spec.budget.epochs)
 
     @property
     def keys(self) -> list[str]:
@@ -487,7 +494,8 @@ class Study:
         Its ordered parameters (layers, heads, ...) are what samplers model; its key is stored as the
         categorical `arch` too, which queues, executors and dashboards read.
         """
-        return self.encoding(trial.study if not hasattr(self, "_encoding") else None).suggest(trial)
+        with self._sampling:  # Optuna samples lazily, at the first suggest: the whole proposal is stored inside the lock
+            return self.encoding(trial.study if not hasattr(self, "_encoding") else None).suggest(trial)
 
     def checkpoint_dir(self, cfg: Config, lineage: int) -> Path:
         """Where the trial `lineage` (and its retries) keeps its checkpoint (explorer.checkpoints)."""
@@ -675,8 +683,18 @@ class Study:
 
     def peers(self, study: optuna.Study, number: int) -> list[Peer]:
         """The other trials' parameter counts and per-epoch curves, for pruning: distinct measurements only."""
-        return [Peer(t.user_attrs["params"], t.user_attrs["curve"]) for t in study.get_trials(deepcopy=False)
+        return [Peer(t.user_attrs["params"], t.user_attrs["curve"], t.params.get("arch")) for t in study.get_trials(deepcopy=False)
                 if t.number != number and "curve" in t.user_attrs and "params" in t.user_attrs and "duplicate_of" not in t.user_attrs]
+
+    def should_prune(self, study: optuna.Study, number: int, epoch: int, value: float, cfg: Config) -> bool:
+        """Whether the pruner stops trial `number` after `epoch` (from 1). Replicates and verification
+        trials run to the end: their configuration is measured on purpose."""
+        if self.spec.pruner.name == "none":
+            return False
+        attrs = study.get_trials(deepcopy=False)[number].user_attrs
+        if attrs.get("replicate") or attrs.get("verify"):
+            return False
+        return self.pruner.should_prune(epoch, value, cfg.params, self.peers(study, number), cfg.key)
 
     def completed(self, study: optuna.Study) -> dict[tuple[str, int], optuna.trial.FrozenTrial]:
         """The first completed measurement of each (configuration, seed)."""

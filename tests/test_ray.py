@@ -170,7 +170,7 @@ def test_a_local_study_continued_with_ray_and_pruned_within_bins(cluster: Cluste
     assert {n: after[n] for n in before} == before
     done = [t for t in ostudy.trials if t.state in (COMPLETE, optuna.trial.TrialState.PRUNED)]
     assert len(done) == 4 and len({t.params["arch"] for t in done}) == 4
-    pruner = load_study_spec(path).pruner()
+    pruner = load_study_spec(path).pruner
     for t in done[2:]:  # one at a time, so each was judged against the trials before it, as Optuna stored them
         peers = [Peer(p.user_attrs["params"], p.user_attrs["curve"]) for p in done if p.number < t.number]
         curve = t.user_attrs["curve"]

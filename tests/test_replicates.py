@@ -259,10 +259,9 @@ def synthetic_evaluate(pause: float):
 @pytest.mark.parametrize("sampler, n_trials, seeds", [("grid", 12, 2), ("grid", 11, 1), ("budget-ei", 5, 2)])
 def test_trials_in_threads_start_only_what_is_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sampler: str, n_trials: int,
                                                    seeds: int) -> None:
-    """Two threads whose trials end together (same length) never both take the last unstarted trial: no
-    configuration past n_trials, every replicate once, and a grid answers nothing from storage. (Two
-    threads sampling at the same moment may still propose one configuration; the second is answered
-    from storage, marked, and counts for nothing.)"""
+    """Two threads whose trials end together (same length) never both take the last unstarted trial, and
+    never sample at the same moment: no configuration past n_trials, every replicate once, nothing
+    answered from storage."""
     monkeypatch.setattr("explorer.study.Study.evaluate", synthetic_evaluate(0.05))
     path = write_study(tmp_path, space_doc=WIDE_SPACE, n_trials=n_trials, budget={**QUICK, "seeds": seeds},
                        replicates={"policy": "fixed"}, sampler={"name": sampler, "seed": 0},
@@ -273,7 +272,7 @@ def test_trials_in_threads_start_only_what_is_left(tmp_path: Path, monkeypatch: 
     finished = [t for t in ostudy.get_trials() if t.state != optuna.trial.TrialState.WAITING]  # a grid past n_trials keeps the rest queued
     assert all(t.state == COMPLETE for t in finished)
     trials = [t for t in finished if "duplicate_of" not in t.user_attrs]
-    assert sampler != "grid" or trials == finished
+    assert trials == finished
     keys = {t.params["arch"] for t in trials}
     assert len(keys) == n_trials
     assert sorted((t.params["arch"], t.user_attrs.get("seed", 0)) for t in trials) == sorted((k, s) for k in keys for s in range(seeds))

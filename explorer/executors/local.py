@@ -48,7 +48,6 @@ class LocalExecutor(Executor):
         study.queue_replicates(ostudy)  # a resumed study queues the replicates it still lacks
         if _done(study, ostudy):
             return
-        pruner = study.pruner()
         metric = study.task.metric
         torch.set_num_threads(max(1, int(study.spec.executor.cpu)))  # CPUs per trial, as Ray would allot
 
@@ -70,8 +69,8 @@ class LocalExecutor(Executor):
                 trial.set_user_attr("curve", curve)
                 if interrupts.requested:  # trials in threads stop here (signals reach the main thread only)
                     raise KeyboardInterrupt
-                if pruner.should_prune(epoch + 1, value, cfg.params, study.peers(ostudy, trial.number)):
-                    raise optuna.TrialPruned(f"{metric} {value:.4g} at epoch {epoch + 1} trails its parameter bin")
+                if study.should_prune(ostudy, trial.number, epoch + 1, value, cfg):
+                    raise optuna.TrialPruned(f"{metric} {value:.4g} at epoch {epoch + 1}: pruned ({study.spec.pruner.name})")
 
             try:
                 with interrupts.armed():

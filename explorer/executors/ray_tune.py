@@ -380,7 +380,7 @@ class OptunaBridge(Searcher):
 
 
 class BinnedScheduler(FIFOScheduler):
-    """Stops a trial whose per-epoch metric trails its parameter bin (explorer.pruning.BinnedPruner).
+    """Stops a trial explorer's pruner stops (explorer.pruning.BinnedPruner, through Study.should_prune).
 
     The peers come from the Optuna storage, so the rungs hold every trial of the study, whichever
     executor or run trained it, and survive a restarted driver.
@@ -389,16 +389,14 @@ class BinnedScheduler(FIFOScheduler):
     def __init__(self, link: _Link):
         super().__init__()
         self.link = link
-        self.pruner = link.study().pruner()
 
     def on_trial_result(self, tune_controller: Any, trial: Trial, result: dict) -> str:
         study, ostudy = self.link.open()
         metric = study.task.metric
         if "epoch" not in result or metric not in result or "attrs" in result:
             return TrialScheduler.CONTINUE
-        params = study.configs[trial.config["arch"]].params
-        peers = study.peers(ostudy, trial.config["optuna_number"])
-        prune = self.pruner.should_prune(result["epoch"], float(result[metric]), params, peers)
+        cfg = study.configs[trial.config["arch"]]
+        prune = study.should_prune(ostudy, trial.config["optuna_number"], result["epoch"], float(result[metric]), cfg)
         return TrialScheduler.STOP if prune else TrialScheduler.CONTINUE
 
 

@@ -1,0 +1,45 @@
+"""The benchmark tables and their replay: a table built by explorer's own runs, samplers replayed on the shipped one."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import write_study
+
+ROOT = Path(__file__).parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.build_tables import read_table  # noqa: E402
+from bench.search import FRACTIONS, Table, replay  # noqa: E402
+
+
+@pytest.mark.slow
+def test_build_tables_trains_every_configuration_at_every_seed_and_resumes(tmp_path: Path) -> None:
+    study = write_study(tmp_path / "s", budget={"epochs": 2, "batch_size": 128, "lr": 0.003, "seed": 0})
+    out = tmp_path / "t.csv.gz"
+    cmd = [sys.executable, str(ROOT / "bench" / "build_tables.py"), str(study), "--seeds", "0-1", "--limit", "2", "--out", str(out)]
+    first = subprocess.run([*cmd[:4], "0", *cmd[5:]], capture_output=True, text=True, timeout=300)  # seed 0 only: a partial table
+    assert first.returncode == 0, first.stderr
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "2 runs stored, 2 to run" in done.stdout and out.exists() and not out.with_suffix("").exists()
+    table = read_table(out)
+    assert sorted(table["seed"]) == [0, 0, 1, 1] and table["key"].nunique() == 2
+    assert all(len(c) == 2 and c[-1] == pytest.approx(m, abs=1e-6) for c, m in zip(table["curve"], table["metric"]))  # curves stored to 6 digits
+    assert table["kappa_init"].notna().all() and (table["epochs"] == 2).all()
+
+
+@pytest.mark.parametrize("prune", [None, ("dominated", 0.5), ("median", 0.5)])
+def test_replay_on_the_shipped_table(prune: tuple | None) -> None:
+    """One optimizer seed of the default sampler, answered from the 24-configuration table."""
+    result = replay("digits-vit", "budget-ei", 0, prune, str(ROOT / "bench" / "data"))
+    table = Table.load("digits-vit")
+    marks = result["marks"]
+    assert sorted(marks) == sorted({math.ceil(f * 24) for f in FRACTIONS})
+    assert all(0 <= m["regret"] <= result["empty"] and 0 < m["hv"] <= 1 for m in marks.values())
+    assert result["trace"] and all(e < 20 * 13 for e, _ in result["trace"])  # at most the last run past 12 unpruned runs' epochs
+    assert table.regret({k: table.mean[k] for k in table.params}) == 0
