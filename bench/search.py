@@ -18,7 +18,8 @@ evaluation. At 10%, 25% and 50% of the grid's evaluations it prints, as means ov
 with ratios against Optuna's RandomSampler over `arch`. Then the same default sampler with and
 without each pruner of `--pruners` (explorer.pruning, replayed on the per-epoch curves; a pruned
 trial stores its curve so far, as in a study): epochs spent to reach (within 10%) the regret the
-unpruned run has after 10/25/50% of the grid, and the regret of each at equal epochs. Last, from the tables alone: Kendall's tau between the ranking
+unpruned run has after 10/25/50% of the grid, the regret of each at equal epochs, and the paired
+difference at 0.7x the epochs. Last, from the tables alone: Kendall's tau between the ranking
 after e epochs and after all epochs, within parameter bins, the evidence both short runs and
 pruning rest on.
 """

@@ -46,7 +46,8 @@ class BinnedPruner:
 
     dominated: after `warmup` epochs and once `startup` peers of its bin completed all `epochs`, prune
     a trial whose metric plus the largest gain those peers made after this epoch is still more than
-    `margin` (metric units) below the final metric of a complete peer with no more parameters. median: after `warmup` epochs and once `startup` peers reached this epoch, prune a trial worse than
+    `margin` (metric units) below the final metric of a complete peer with no more parameters.
+    median: after `warmup` epochs and once `startup` peers reached this epoch, prune a trial worse than
     the median of its peers at the same epoch. successive-halving: at rungs warmup * eta**k, keep the
     best 1/eta of the trial and its peers.
     """

@@ -683,7 +683,11 @@ class Study:
 
     def peers(self, study: optuna.Study, number: int) -> list[Peer]:
         """The other trials' parameter counts and per-epoch curves, for pruning: distinct measurements only."""
-        return [Peer(t.user_attrs["params"], t.user_attrs["curve"], t.params.get("arch")) for t in study.get_trials(deepcopy=False)
+        return self._peers(study.get_trials(deepcopy=False), number)
+
+    @staticmethod
+    def _peers(trials: list[optuna.trial.FrozenTrial], number: int) -> list[Peer]:
+        return [Peer(t.user_attrs["params"], t.user_attrs["curve"], t.params.get("arch")) for t in trials
                 if t.number != number and "curve" in t.user_attrs and "params" in t.user_attrs and "duplicate_of" not in t.user_attrs]
 
     def should_prune(self, study: optuna.Study, number: int, epoch: int, value: float, cfg: Config) -> bool:
@@ -691,10 +695,11 @@ class Study:
         trials run to the end: their configuration is measured on purpose."""
         if self.spec.pruner.name == "none":
             return False
-        attrs = study.get_trials(deepcopy=False)[number].user_attrs
+        trials = study.get_trials(deepcopy=False)
+        attrs = trials[number].user_attrs
         if attrs.get("replicate") or attrs.get("verify"):
             return False
-        return self.pruner.should_prune(epoch, value, cfg.params, self.peers(study, number), cfg.key)
+        return self.pruner.should_prune(epoch, value, cfg.params, self._peers(trials, number), cfg.key)
 
     def completed(self, study: optuna.Study) -> dict[tuple[str, int], optuna.trial.FrozenTrial]:
         """The first completed measurement of each (configuration, seed)."""
