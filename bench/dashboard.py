@@ -24,12 +24,12 @@ from pathlib import Path
 import numpy as np
 import optuna
 from optuna.distributions import distribution_to_json
-from optuna.storages._rdb import models
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import func, insert, select
 
 from explorer.dashboard import render
 from explorer.frame import trials_frame
+from explorer.study.storage import rdb_models  # noqa: E402
 
 WIDTHS, LAYERS, HEADS = (384, 768), range(1, 25), (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)
 
@@ -78,6 +78,7 @@ def bulk_add(url: str, name: str, trials: list[FrozenTrial]) -> None:
     """
     storage = optuna.storages.RDBStorage(url)
     sid = storage.get_study_id_from_name(name)
+    models = rdb_models()
     table = {m: m.__table__ for m in (models.TrialModel, models.TrialValueModel, models.TrialParamModel,
                                        models.TrialUserAttributeModel, models.TrialIntermediateValueModel)}
     trial_t = table[models.TrialModel]

@@ -17,12 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from optuna._hypervolume import compute_hypervolume
-from optuna.study._multi_objective import _is_pareto_front
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from explorer.pareto import hypervolume, pareto_mask  # noqa: E402
+from explorer.study.storage import hypervolume as compute_hypervolume  # noqa: E402  (Optuna's own, WFG)
+from explorer.study.storage import pareto_mask as optuna_pareto_mask  # noqa: E402
 
 
 def best(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
@@ -48,7 +48,7 @@ def main() -> None:
         directions = ["maximize"] + ["minimize"] * (m - 1)
         loss = values * np.where(np.array(directions) == "maximize", -1.0, 1.0)
         ours_t, ours = best(lambda: pareto_mask(values, directions), args.repeat)
-        theirs_t, theirs = best(lambda: _is_pareto_front(loss, assume_unique_lexsorted=False), args.repeat)
+        theirs_t, theirs = best(lambda: optuna_pareto_mask(loss), args.repeat)
         assert np.array_equal(ours, theirs), "fronts differ"
         print(f"  front, {m} objectives ({int(ours.sum()):>4} on it)        {ours_t * 1e3:8.1f} ms {theirs_t * 1e3:8.1f} ms   {ours_t / theirs_t:6.2f}")
         ref = loss.max(axis=0) + 1.0

@@ -2,6 +2,19 @@
 
 The Python API (`explorer.load`, `explorer.create`, `explorer.Experiment`) lives in `explorer.api`;
 it is imported on first use, so `import explorer` (and the command line) stay fast.
+
+The map, in the order a study flows:
+
+    space.py, families/, tasks/      what is searched (configurations, exact counts) and on what data
+    study/spec.py                    a study's YAML resolved against its files, and its identity
+    study/storage.py                 its Optuna storage (the one module using Optuna's private names)
+    study/queue.py                   what runs next: grid, replicates, verification, retries
+    study/evaluate.py -> train.py    one trial: configuration, training run, record, pruning
+    executors/                       where trials run: local threads or Ray Tune
+    study/read.py, frame.py, stats.py  the read side: measurements, counts, per-configuration statistics
+    pareto.py, recommend.py          fronts and the answer for a budget
+    dashboard.py                     the offline HTML report
+    api.py <- cli.py                 the Python API, and the `explorer` command over it
 """
 
 from typing import Any

@@ -13,7 +13,10 @@ Reading (trials, front, stats, recommend) never writes to the storage.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +30,9 @@ from explorer.executors import get_executor
 from explorer.frame import trials_frame
 from explorer.recommend import Recommendation, parse_budget, recommend
 from explorer.space import SpaceSpec
-from explorer.study import STORAGE_ERRORS, ExecutorSpec, Study, StudySpec, load_study_spec
+from explorer.stats import summarize
+from explorer.study import ExecutorSpec, Study, StudySpec, load_study_spec
+from explorer.study.queue import MAX_DUPLICATE_RUN
 from explorer.yamlio import validation_error
 
 TrialCallback = Callable[[optuna.Study, optuna.trial.FrozenTrial], None]
@@ -50,14 +55,54 @@ class Experiment:
     def metric(self) -> str:
         return self.study.task.metric
 
+    @property
+    def spec(self) -> StudySpec:
+        """The study's YAML, validated (read it; `run` takes the overrides)."""
+        return self.study.spec
+
+    def paths(self) -> dict[str, str]:
+        """Every place on disk this study reads or writes, resolved (study, space, data, storage, checkpoints)."""
+        return self.study.paths()
+
     def run(self, *, executor: str | None = None, address: str | None = None, force: bool = False,
-            on_trial: TrialCallback | None = None) -> "Experiment":
+            resume: bool = False, reclaim: bool = False, retry_failed: bool = False,
+            on_start: Callable[[Started], None] | None = None, on_trial: TrialCallback | None = None,
+            verbose: bool = False) -> Experiment:
         """Create the study or continue the stored one until it has `n_trials` finished trials.
 
         `executor` ("local" or "ray") and `address` (a Ray cluster) override the spec; `force`
-        continues a stored study whose space, task or budget changed; `on_trial(study, trial)` runs
-        after each trial.
+        continues a stored study whose space, task or budget changed; `resume` requires the study to
+        exist; `reclaim` fails and re-queues trials left RUNNING (no other worker alive);
+        `retry_failed` queues again every configuration whose trials all failed by themselves;
+        `on_start(started)` runs once the storage is open, `on_trial(study, trial)` after each trial.
+        Optuna's own log lines show only with `verbose`. A KeyboardInterrupt propagates once every
+        finished trial is stored.
         """
+        self._override(executor, address)
+        study = self.study
+        with quiet(verbose):
+            ostudy = study.open(create=not resume, force=force)
+            reclaimed = study.queue.reclaim_running(ostudy) if reclaim else []
+            retried = study.queue.retry_failed(ostudy) if retry_failed else []
+            if on_start is not None:
+                on_start(Started(ostudy, reclaimed, retried, self._grid_note()))
+            get_executor(study.spec.executor.name).run(study, ostudy, on_trial)
+        return self
+
+    def stalled(self) -> str | None:
+        """Why the study stopped short of `n_trials`, when its sampler ran out of new proposals; else None."""
+        if self.study.queue.stalled(self.optuna_study()):
+            return f"stopped: the sampler proposed only measured configurations {MAX_DUPLICATE_RUN} times in a row"
+        return None
+
+    def _grid_note(self) -> str | None:
+        spec, size = self.study.spec, len(self.study.configs)
+        if spec.sampler.name != "grid" or spec.n_trials >= size:
+            return None
+        return (f"grid of {size} configurations, n_trials {spec.n_trials}: trains {spec.n_trials} spread over the grid "
+                "(its queue is in farthest-point order); raise n_trials to run the rest")
+
+    def _override(self, executor: str | None, address: str | None) -> None:
         spec = self.study.spec
         if executor is not None or address is not None:
             changes = {k: v for k, v in {"name": executor, "address": address}.items() if v is not None}
@@ -65,23 +110,62 @@ class Experiment:
                 spec.executor = ExecutorSpec.model_validate({**spec.executor.model_dump(), **changes})
             except ValidationError as err:
                 raise validation_error(err, str(self.study.source), prefix="executor") from None
-        ostudy = self.study.open(create=True, force=force)
-        get_executor(spec.executor.name).run(self.study, ostudy, on_trial)
-        return self
+
+    def progress(self, ostudy: optuna.Study) -> tuple[int, int]:
+        """(runs finished, runs planned so far): finished, running and not yet started; an adaptive
+        replicate policy raises the plan as it queues seeds."""
+        study = self.study
+        running = sum(t.state == optuna.trial.TrialState.RUNNING for t in ostudy.get_trials(deepcopy=False))
+        finished = study.reads.finished(ostudy)
+        return finished, max(study.spec.n_trials, finished + running + study.queue.unstarted(ostudy))
+
+    def changed(self) -> str | None:
+        """One line saying how the YAML differs from what the stored study was made with, or None."""
+        return self.study.store.changed(self.optuna_study())
+
+    def status(self) -> Status:
+        """What the storage holds: counts by state, replicate compute, the per-configuration summary."""
+        study, ostudy = self.study, self.optuna_study()
+        frame = trials_frame(ostudy)
+        runs, at_max = study.reads.replicate_cost(ostudy)
+        return Status(
+            name=self.name, n_trials=study.spec.n_trials, outcomes=study.reads.outcomes(ostudy),
+            runs=study.reads.finished(ostudy),
+            states=frame["state"].value_counts().to_dict() if len(frame) else {},
+            duplicates=len(trials_frame(ostudy, duplicates=True)) - len(frame),
+            seeds=study.seeds, replicates=study.spec.replicates.model_dump(), replicate_runs=runs, replicate_at_max=at_max,
+            summary=self._with_dims(study.reads.summary(ostudy)), trials=frame, free_dims=list(study.space.free_dims), metric=self.metric,
+        )
+
+    def _with_dims(self, table: pd.DataFrame) -> pd.DataFrame:
+        """Every free dimension as a column of a per-configuration table (kv_heads too, not only layers/heads)."""
+        configs = self.study.configs
+        for dim in self.study.space.free_dims:
+            if dim not in table and len(table):
+                table[dim] = table["arch"].map(lambda key: configs[key].dims.get(dim) if key in configs else None)
+        return table
+
+    def export(self, target: str | Path, format: str = "csv") -> tuple[Path, Path, int, int]:
+        """Write the trials table to `target` and the per-configuration table beside it
+        (t.csv -> t.configs.csv; parquet likewise); returns both paths and their row counts."""
+        target = Path(target)
+        frame = self.trials()
+        objectives = [(o.name, o.direction) for o in self.study.objectives]
+        configs = summarize(frame, self.metric, objectives).reindex(columns=CONFIG_COLUMNS)
+        configs.attrs.clear()  # the pooled variance it carries is no column, and parquet cannot store it
+        suffix = target.suffix or f".{format}"
+        beside = target.with_name(target.name.removesuffix(target.suffix) + ".configs" + suffix)
+        if format == "csv":
+            frame.to_csv(target, index=False)
+            configs.to_csv(beside, index=False)
+        else:
+            frame.assign(curve=frame["curve"].map(list), config=frame["config"].map(str)).to_parquet(target, index=False)
+            configs.to_parquet(beside, index=False)
+        return target, beside, len(frame), len(configs)
 
     def optuna_study(self) -> optuna.Study:
         """The stored Optuna study, loaded without writing to it (an ExplorerError if it was never run)."""
-        file = self.study.storage_file()
-        if file is not None and not file.exists():
-            raise ExplorerError(f"no study {self.name!r} yet: {file} does not exist (run it first)",
-                                source=str(self.study.source), field="storage")
-        try:
-            return optuna.load_study(study_name=self.name, storage=self.study.storage())
-        except KeyError:
-            raise ExplorerError(f"no study {self.name!r} in its storage yet (run it first)",
-                                source=str(self.study.source), field="storage") from None
-        except STORAGE_ERRORS as err:
-            raise self.study.storage_error(err, "cannot read") from None
+        return self.study.read()
 
     def trials(self) -> pd.DataFrame:
         """Every trial of the storage, one row each (`explorer export`'s table)."""
@@ -104,7 +188,7 @@ class Experiment:
         """Per configuration, from its seeds (explorer.stats.summarize): n, seeds, values, mean, std, se,
         the 95% t interval lo-hi (NaN without replicates), front_prob, on_front, tied_with; and the
         mean over its seeds of FLOPs and κ. Best mean first."""
-        table = self.study.summary(self.optuna_study())
+        table = self._with_dims(self.study.reads.summary(self.optuna_study()))
         done = self.measured()
         for col in ("flops", "kappa_init_mean", "kappa_final_mean"):
             if col in done and len(table):
@@ -112,20 +196,132 @@ class Experiment:
         ascending = not self.study.task.higher_is_better
         return table.sort_values(["mean", "params"], ascending=[ascending, True], ignore_index=True) if len(table) else table
 
+    def budget(self, text: str | int) -> int:
+        """A budget as a parameter count: a count, "60M", "250k", or "10%-below-baseline"."""
+        base = self.study.space.baseline
+        return text if isinstance(text, int) else parse_budget(text, base.params if base else None)
+
     def recommend(self, budget: str | int) -> Recommendation:
         """The best configuration within `budget` (a count, "60M", or "10%-below-baseline"), measured
         or marked predicted; `.lines()` says it in words."""
         base = self.study.space.baseline
-        limit = budget if isinstance(budget, int) else parse_budget(budget, base.params if base else None)
+        limit = self.budget(budget)
         candidates = [(c.key, c.dims, c.params) for c in self.study.space.configs()]
-        return recommend(self.trials(), limit, base.key if base else None, self.metric, candidates,
+        trials = self.trials()
+        if not len(trials) or not trials["state"].eq("COMPLETE").any():
+            raise ExplorerError(f"no completed trial to recommend from ({len(trials)} stored; `explorer status` says why)",
+                                source=str(self.study.source))
+        return recommend(trials, limit, base.key if base else None, self.metric, candidates,
                          self.study.task.higher_is_better)
+
+    def verify(self, rec: Recommendation) -> list[str]:
+        """Queue the configurations `rec` names for verification in the study; returns those queued
+        (a measured one is not queued). Refused when the YAML changed since the study was made."""
+        ostudy = self.study.open(create=False)
+        return self.study.queue.verification(ostudy, list(rec.verify))
 
     def dashboard(self, out: str | Path | None = None) -> Path:
         """Write the self-contained HTML dashboard; returns its path."""
-        from explorer.dashboard import render_studies  # plotly: imported only when asked for
+        return dashboard([self.study.source], out)
 
-        return render_studies([self.study.source], Path(out) if out is not None else None)
+
+@contextmanager
+def quiet(verbose: bool = False) -> Iterator[None]:
+    """Optuna's per-trial INFO lines and its ExperimentalWarning (heartbeats, since Optuna 2.8) left out,
+    as the command line does, unless `verbose`."""
+    if verbose:
+        yield
+        return
+    level = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            yield
+    finally:
+        optuna.logging.set_verbosity(level)
+
+
+@dataclass(frozen=True)
+class Started:
+    """What `Experiment.run` did before its first trial: the storage is open."""
+
+    ostudy: optuna.Study
+    reclaimed: list[int]  # trials left RUNNING, failed and queued again (`reclaim`)
+    retried: list[str]  # failed configurations queued again (`retry_failed`)
+    grid_note: str | None  # a grid study that trains only a prefix of its grid says so
+
+
+@dataclass(frozen=True)
+class Status:
+    """A study's stored state, as `explorer status` prints it."""
+
+    name: str
+    n_trials: int
+    outcomes: tuple[int, int]  # configurations with a result, and those whose every trial failed
+    runs: int  # measurements, replicates included
+    states: dict[str, int]
+    duplicates: int  # proposals answered from storage
+    seeds: list[int]
+    replicates: dict[str, Any]
+    replicate_runs: int
+    replicate_at_max: int  # runs every measured configuration at every seed would take
+    summary: pd.DataFrame  # per configuration (explorer.stats.summarize)
+    trials: pd.DataFrame
+    free_dims: list[str]
+    metric: str
+
+
+CONFIG_COLUMNS = ["arch", "layers", "heads", "width", "mlp", "params", "n", "mean", "std", "se", "lo", "hi",
+                  "front_prob", "on_front", "tied_with", "seeds", "values"]
+
+
+def dashboard(studies: list[str | Path], out: str | Path | None = None) -> Path:
+    """One self-contained HTML dashboard of one or more studies (several: compared on one front)."""
+    from explorer.dashboard import render_studies  # plotly: imported only when asked for
+
+    return render_studies([Path(p) for p in studies], Path(out) if out is not None else None)
+
+
+def params(space: str | Path | None = None, family: str | None = None,
+           dims: Mapping[str, Any] | None = None) -> tuple[pd.DataFrame, str]:
+    """Exact parameter counts and forward FLOPs: every feasible configuration of a space YAML, or one
+    configuration of a family (`dims` over its defaults); returns the table and its title."""
+    from explorer.families import get_family
+    from explorer.space import load_space
+    from explorer.units import format_count
+    from explorer.yamlio import first_error
+
+    if space is not None:
+        sp = load_space(space)
+        base = sp.baseline
+        rows = [{**{k: c.dims[k] for k in c.free}, "params": c.params, "M": format_count(c.params),
+                 "flops": sp.family.flops(c.dims), "baseline": "*" if base and c.key == base.key else ""}
+                for c in sp.configs()]
+        return pd.DataFrame(rows), f"{sp.name}: {sp.family.name}, counted {sp.family.counting}"
+    if family is None:
+        raise ExplorerError("give a space YAML, or --family with its dimensions", field="params")
+    fam = get_family(family)
+    given = dict(dims or {})
+    try:
+        full = fam.check({**fam.defaults(), **given}).model_dump()
+    except ValidationError as e:
+        loc, msg = first_error(e, fam.Dims)
+        raise ExplorerError(msg, source=family, field=".".join(map(str, loc)) or None) from None
+    n = fam.params(full)
+    return (pd.DataFrame([{**given, "params": n, "M": format_count(n), "flops": fam.flops(full)}]),
+            f"{family}, counted {fam.counting}")
+
+
+def condition(space: str | Path, task: str = "digits", options: Mapping[str, Any] | None = None, seeds: int = 3,
+              regimes: tuple[str, ...] = ("fixed-width",), head_dim: int | None = None) -> pd.DataFrame:
+    """κ(A) of the attention blocks at initialisation for each configuration of a space (explorer.conditioning)."""
+    from explorer.conditioning import condition_table
+    from explorer.space import load_space
+    from explorer.tasks import get_task
+
+    return condition_table(load_space(space), get_task(task, dict(options or {})), seeds=tuple(range(seeds)),
+                           regimes=regimes, head_dim=head_dim)
 
 
 def load(path: str | Path) -> Experiment:

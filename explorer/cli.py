@@ -2,23 +2,43 @@
 
 from __future__ import annotations
 
-import math
-import numbers
+import os
+import signal
 import sys
-import time
-import typing
-from enum import Enum
-from pathlib import Path
-from typing import Annotated, Optional
 
-import numpy as np
-import pandas as pd
-import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from explorer.errors import ExplorerError
+def _interrupted(args: list[str]) -> str:
+    """What an interrupt leaves: for `run` and `resume`, how to go on."""
+    words = [a for a in args if not a.startswith("-")]
+    if len(words) >= 2 and words[0] in ("run", "resume"):
+        return f"interrupted: every finished trial is stored; continue with: explorer resume {words[1]}"
+    return "interrupted"
+
+
+def _interrupted_while_starting(signum: int, frame: object) -> None:
+    """Ctrl-C while the modules below load: nothing is open or written yet, so leave at once (main() restores
+    Python's own handler before any command runs)."""
+    sys.stderr.write(_interrupted(sys.argv[1:]) + "\n")
+    os._exit(130)
+
+
+if __name__ == "__main__" or "explorer" in os.path.basename(sys.argv[0]):  # the command, not an import by a library
+    signal.signal(signal.SIGINT, _interrupted_while_starting)
+
+import math  # noqa: E402
+import numbers  # noqa: E402
+import time  # noqa: E402
+import typing  # noqa: E402
+from enum import Enum  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Annotated, Optional  # noqa: E402
+
+import typer  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from explorer.errors import ExplorerError  # noqa: E402
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Which (layers, heads) split gives the best accuracy for a parameter budget?")
@@ -63,6 +83,9 @@ UNLIMITED = 100_000  # columns: a console this wide measures a table's own minim
 
 def _cell(value) -> str:
     """A value as a table shows it: 4 significant digits, thousands separated, blank where missing."""
+    import numpy as np
+    import pandas as pd
+
     if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return ""
     if isinstance(value, (bool, np.bool_)):
@@ -87,39 +110,16 @@ def params(
     format: Annotated[Format, typer.Option("--format", "-f")] = Format.table,
 ) -> None:
     """Count parameters exactly: every feasible configuration of a space, or one configuration."""
-    import pandas as pd
-    from pydantic import ValidationError
+    from explorer import api
 
-    from explorer.families import get_family
-    from explorer.space import load_space
-    from explorer.units import format_count
-    from explorer.yamlio import first_error
-
-    if space is not None:
-        sp = load_space(space)
-        base = sp.baseline
-        rows = [{**{k: c.dims[k] for k in c.free}, "params": c.params, "M": format_count(c.params),
-                 "flops": sp.family.flops(c.dims), "baseline": "*" if base and c.key == base.key else ""}
-                for c in sp.configs()]
-        _print_frame(pd.DataFrame(rows), format, title=f"{sp.name}: {sp.family.name}, counted {sp.family.counting}")
-        return
-    if family is None:
-        raise ExplorerError("give a space YAML, or --family with its dimensions", field="params")
-    fam = get_family(family)
     given = {k: v for k, v in dict(layers=layers, heads=heads, width=width, mlp=mlp).items() if v is not None}
     for item in dim:
         name, sep, value = item.partition("=")
         if not sep:
             raise ExplorerError(f"--dim {item!r}: write NAME=VALUE", field="--dim")
         given[name] = _scalar(value)
-    try:
-        dims = fam.check({**fam.defaults(), **given}).model_dump()
-    except ValidationError as e:
-        loc, msg = first_error(e, fam.Dims)
-        raise ExplorerError(msg, source=family, field=".".join(map(str, loc)) or None) from None
-    n = fam.params(dims)
-    _print_frame(pd.DataFrame([{**given, "params": n, "M": format_count(n), "flops": fam.flops(dims)}]), format,
-                 title=f"{family}, counted {fam.counting}")
+    frame, title = api.params(space, family, given)
+    _print_frame(frame, format, title=title)
 
 
 def _scalar(text: str):
@@ -132,65 +132,54 @@ def _scalar(text: str):
 
 
 # -- run / resume -----------------------------------------------------------------------------------------
-def _run(path: Path, *, create: bool, force: bool, executor: str | None, address: str | None,
-         reclaim: bool, dashboard: bool) -> None:
-    from explorer.executors import get_executor
-    from explorer.study import MAX_DUPLICATE_RUN, load_study_spec
+def _run(path: Path, *, resume: bool, force: bool, executor: str | None, address: str | None,
+         reclaim: bool, retry_failed: bool, dashboard: bool) -> None:
+    from explorer import api
 
-    study = load_study_spec(path)
+    exp = api.load(path)
     if executor:
-        study.spec.executor.name = _executor_name(executor)
-    if address:
-        study.spec.executor.address = address
-    for key, value in study.paths().items():  # every place this run reads or writes, stated up front
+        _executor_name(executor)
+    for key, value in exp.paths().items():  # every place this run reads or writes, stated up front
         err.print(f"{key}: {value}", markup=False, highlight=False)
-    ostudy = study.open(create=create, force=force)
-    if reclaim:
-        numbers = study.reclaim_running(ostudy)
-        if numbers:
-            err.print(f"reclaimed running trials {numbers}: their configurations are queued again")
-    if study.spec.sampler.name == "grid" and study.spec.n_trials < len(study.keys):
-        err.print(f"grid of {len(study.keys)} configurations, n_trials {study.spec.n_trials}: trains {study.spec.n_trials} "
-                  "spread over the grid (its queue is in farthest-point order); raise n_trials to run the rest",
-                  markup=False, highlight=False)
     failed: list[int] = []
-    try:
-        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TextColumn("{task.fields[front]}"), TimeElapsedColumn(), console=err, transient=False) as bar:
-            task = bar.add_task(study.spec.name, total=_planned(study, ostudy), completed=study.finished(ostudy), front="")
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[front]}"), TimeElapsedColumn(), console=err, transient=False) as bar:
+        task = bar.add_task(exp.name, total=exp.spec.n_trials, completed=0, front="")
 
-            def on_trial(s, t) -> None:
-                if t.state.name == "FAIL" and "fail_reason" in t.user_attrs:  # one line each; reasons stay in `status`
-                    failed.append(t.number)
-                    bar.console.print(f"trial {t.number} ({t.params.get('arch')}) failed: {t.user_attrs['fail_reason']}",
-                                      markup=False, highlight=False)
-                bar.update(task, completed=study.finished(s), total=_planned(study, s), front=f"front: {len(s.best_trials)} | last: #{t.number} {t.state.name.lower()}")
+        def on_start(started: api.Started) -> None:
+            if started.reclaimed:
+                bar.console.print(f"reclaimed running trials {started.reclaimed}: their configurations are queued again")
+            if started.retried:
+                bar.console.print(f"queued again {len(started.retried)} failed configurations: {', '.join(started.retried)}",
+                                  markup=False, highlight=False)
+            if started.grid_note:
+                bar.console.print(started.grid_note, markup=False, highlight=False)
+            done, planned = exp.progress(started.ostudy)
+            bar.update(task, completed=done, total=planned)
 
-            get_executor(study.spec.executor.name).run(study, ostudy, on_trial)
-    except KeyboardInterrupt:
-        err.print(f"interrupted: every finished trial is stored; continue with: explorer resume {path}", markup=False, highlight=False)
-        raise SystemExit(130) from None
-    _status(study, ostudy, failures=False)  # this run's failures were said as they happened
-    if study.stalled(ostudy):
-        err.print(f"stopped: the sampler proposed only measured configurations {MAX_DUPLICATE_RUN} times in a row",
-                  markup=False, highlight=False)
+        def on_trial(s, t) -> None:
+            if t.state.name == "FAIL" and "fail_reason" in t.user_attrs:  # one line each; reasons stay in `status`
+                failed.append(t.number)
+                bar.console.print(f"trial {t.number} ({t.params.get('arch')}) failed: {t.user_attrs['fail_reason']}",
+                                  markup=False, highlight=False)
+            done, planned = exp.progress(s)
+            bar.update(task, completed=done, total=planned, front=f"front: {len(s.best_trials)} | last: #{t.number} {t.state.name.lower()}")
+
+        exp.run(executor=executor, address=address, force=force, resume=resume, reclaim=reclaim,
+                         retry_failed=retry_failed, on_start=on_start, on_trial=on_trial)
+    _status(exp, failures=False)  # this run's failures were said as they happened
+    stalled = exp.stalled()
+    if stalled:
+        err.print(stalled, markup=False, highlight=False)
     if dashboard:
-        target = _render([path])
-        out.print(f"dashboard: {target}")
+        out.print(f"dashboard: {api.dashboard([path])}")
     if failed:
         raise ExplorerError(f"{len(failed)} trials failed in this run (reasons above and in `explorer status`)", source=str(path))
 
 
-def _planned(study, ostudy) -> int:
-    """Runs this study is known to take so far: those finished, running and not yet started (replicates
-    queued by an adaptive policy raise it as they are queued)."""
-    running = sum(t.state.name == "RUNNING" for t in ostudy.get_trials(deepcopy=False))
-    return max(study.spec.n_trials, study.finished(ostudy) + running + study.unstarted(ostudy))
-
-
 def _executor_name(name: str) -> str:
     """`--executor`, validated like the YAML's `executor.name`."""
-    from explorer.study import ExecutorSpec
+    from explorer.api import ExecutorSpec
 
     choices = typing.get_args(ExecutorSpec.model_fields["name"].annotation)
     if name not in choices:
@@ -199,16 +188,15 @@ def _executor_name(name: str) -> str:
 
 
 def _read(path: Path):
-    """A study and its stored trials for a read-only command; a changed YAML is said in one line."""
-    from explorer.study import load_study_spec
+    """A study for a read-only command; a changed YAML is said in one line."""
+    from explorer import api
 
-    study = load_study_spec(path)
-    ostudy = study.read()
-    changed = study.changed(ostudy)
+    exp = api.load(path)
+    changed = exp.changed()
     if changed:
         err.print(f"note: {path}: {changed.replace('rerun with --force', '`explorer run --force`')}; showing the stored trials",
                   markup=False, highlight=False)
-    return study, ostudy, changed
+    return exp, changed
 
 
 @app.command()
@@ -217,60 +205,60 @@ def run(
     executor: Annotated[Optional[str], typer.Option(help="local | ray (overrides the spec)")] = None,
     address: Annotated[Optional[str], typer.Option(help="Ray cluster to join: auto, ray://host:port")] = None,
     force: Annotated[bool, typer.Option(help="continue a stored study even if its space/task/budget changed")] = False,
+    retry_failed: Annotated[bool, typer.Option(help="queue again the configurations whose trials failed (after fixing the cause)")] = False,
     dashboard: Annotated[bool, typer.Option(help="write the dashboard when done")] = True,
 ) -> None:
     """Run a study (create it, or continue the stored one) until it has n_trials finished trials."""
-    _run(study, create=True, force=force, executor=executor, address=address, reclaim=False, dashboard=dashboard)
+    _run(study, resume=False, force=force, executor=executor, address=address, reclaim=False, retry_failed=retry_failed,
+         dashboard=dashboard)
 
 
 @app.command()
 def resume(
-    study: Annotated[Path, typer.Argument()],
+    study: Annotated[Path, typer.Argument(help="a study YAML whose study was started with `explorer run`")],
     executor: Annotated[Optional[str], typer.Option(help="local | ray (overrides the spec)")] = None,
-    address: Annotated[Optional[str], typer.Option()] = None,
+    address: Annotated[Optional[str], typer.Option(help="Ray cluster to join: auto, ray://host:port")] = None,
     reclaim: Annotated[bool, typer.Option(help="fail and re-queue RUNNING trials now (no other worker alive)")] = False,
-    force: Annotated[bool, typer.Option()] = False,
-    dashboard: Annotated[bool, typer.Option()] = True,
+    force: Annotated[bool, typer.Option(help="continue a stored study even if its space/task/budget changed")] = False,
+    retry_failed: Annotated[bool, typer.Option(help="queue again the configurations whose trials failed (after fixing the cause)")] = False,
+    dashboard: Annotated[bool, typer.Option(help="write the dashboard when done")] = True,
 ) -> None:
     """Continue a stored study; trials a dead worker left running are re-run, finished ones kept."""
-    _run(study, create=False, force=force, executor=executor, address=address, reclaim=reclaim, dashboard=dashboard)
+    _run(study, resume=True, force=force, executor=executor, address=address, reclaim=reclaim, retry_failed=retry_failed,
+         dashboard=dashboard)
 
 
 # -- status / export ------------------------------------------------------------------------------------------
-def _status(study, ostudy, failures: bool = True) -> None:
-    from explorer.frame import trials_frame
-
-    frame = trials_frame(ostudy)
-    counts = frame["state"].value_counts().to_dict() if len(frame) else {}
-    duplicates = len(trials_frame(ostudy, duplicates=True)) - len(frame)
-    summary = study.summary(ostudy)
-    out.print(f"[bold]{study.spec.name}[/]: {study.configurations(ostudy)}/{study.spec.n_trials} configurations measured, "
-              f"{study.finished(ostudy)} runs; " + ", ".join(f"{k.lower()} {v}" for k, v in sorted(counts.items()))
-              + (f"; {duplicates} proposals of measured configurations answered from storage" if duplicates else ""))
-    if len(study.seeds) > 1:
-        runs, at_max = study.replicate_cost(ostudy)
-        policy = study.spec.replicates
-        how = f"adaptive, confidence {policy.confidence:g}" if policy.policy == "adaptive" else "fixed"
-        out.print(f"replicates ({how}), seeds {study.seeds}: {runs} runs of the {at_max} that every measured "
-                  f"configuration at {len(study.seeds)} seeds would take ({runs / max(at_max, 1):.0%})", markup=False)
-    if len(summary):
-        _print_front(study, summary, frame)
+def _status(exp, failures: bool = True) -> None:
+    st = exp.status()
+    measured, failed = st.outcomes
+    out.print(f"[bold]{st.name}[/]: {measured}/{st.n_trials} configurations measured"
+              + (f" ({failed} more failed)" if failed else "") + f", {st.runs} runs; " + ", ".join(f"{k.lower()} {v}" for k, v in sorted(st.states.items()))
+              + (f"; {st.duplicates} proposals of measured configurations answered from storage" if st.duplicates else ""))
+    if len(st.seeds) > 1 and st.replicate_at_max:
+        policy = st.replicates
+        how = f"adaptive, confidence {policy['confidence']:g}" if policy["policy"] == "adaptive" else "fixed"
+        out.print(f"replicates ({how}), seeds {st.seeds}: {st.replicate_runs} runs of the {st.replicate_at_max} that every measured "
+                  f"configuration at {len(st.seeds)} seeds would take ({st.replicate_runs / max(st.replicate_at_max, 1):.0%})", markup=False)
+    if len(st.summary):
+        _print_front(st)
+    frame = st.trials
     failed = frame[frame["state"] == "FAIL"] if failures else frame.iloc[0:0]
     for row in failed.itertuples():
         if isinstance(row.fail_reason, str):
             out.print(f"trial {row.number} ({row.arch}) failed: {row.fail_reason}", markup=False)
 
 
-def _print_front(study, summary: pd.DataFrame, frame: pd.DataFrame) -> None:
+def _print_front(st) -> None:
     """The front of per-configuration means with n, the 95% interval and front probability; then the
     configurations tied with a front member (not separable from it), so they are not hidden."""
-    metric = study.task.metric
+    summary, frame, metric = st.summary, st.trials, st.metric
     front = summary[summary["on_front"]].copy()
     front["±"] = front["hi"] - front["mean"]
     kappa = frame.groupby("arch")["kappa_init_mean"].mean() if "kappa_init_mean" in frame else None
     if kappa is not None:
         front["kappa_init_mean"] = front["arch"].map(kappa)
-    cols = [c for c in (*study.space.free_dims, "params", "n", metric, "±", "front_prob", "kappa_init_mean") if c in front]
+    cols = [c for c in (*st.free_dims, "params", "n", metric, "±", "front_prob", "kappa_init_mean") if c in front]
     intervals = summary["n"].gt(1).any()
     title = ("Pareto front of means (± 95% t interval, front_prob: share of draws from the intervals on the front)"
              if intervals else "Pareto front (one seed per configuration: no intervals)")
@@ -284,23 +272,13 @@ def _print_front(study, summary: pd.DataFrame, frame: pd.DataFrame) -> None:
 @app.command()
 def status(study: Annotated[Path, typer.Argument()]) -> None:
     """Counts of trials by state and the current Pareto front (reads the storage, never writes it)."""
-    s, ostudy, _ = _read(study)
-    _status(s, ostudy)
+    exp, _ = _read(study)
+    _status(exp)
 
 
 class ExportFormat(str, Enum):
     csv = "csv"
     parquet = "parquet"
-
-
-CONFIG_COLUMNS = ["arch", "layers", "heads", "width", "mlp", "params", "n", "mean", "std", "se", "lo", "hi",
-                  "front_prob", "on_front", "tied_with", "seeds", "values"]
-
-
-def configs_path(target: Path, format: ExportFormat) -> Path:
-    """Where `export` writes the per-configuration table beside the trials table: t.csv -> t.configs.csv."""
-    suffix = target.suffix or f".{format.value}"
-    return target.with_name(target.name.removesuffix(target.suffix) + ".configs" + suffix)
 
 
 @app.command()
@@ -319,33 +297,13 @@ def export(
     (for one off the front, the front member it is statistically tied with), seeds and values (the
     metric by seed; JSON lists in CSV).
     """
-    from explorer.frame import trials_frame
-    from explorer.stats import summarize
-
-    s, ostudy, _ = _read(study)
-    frame = trials_frame(ostudy)
-    objectives = [(o.name, o.direction) for o in s.objectives]
-    configs = summarize(frame, s.task.metric, objectives).reindex(columns=CONFIG_COLUMNS)
-    configs.attrs.clear()  # the pooled variance it carries is no column, and parquet cannot store it
-    target = out_path or study.with_suffix(f".{format.value}")
-    beside = configs_path(target, format)
-    if format is ExportFormat.csv:
-        frame.to_csv(target, index=False)
-        configs.to_csv(beside, index=False)
-    else:
-        frame.assign(curve=frame["curve"].map(list), config=frame["config"].map(str)).to_parquet(target, index=False)
-        configs.to_parquet(beside, index=False)
-    out.print(f"{len(frame)} trials -> {target}", markup=False, highlight=False)
-    out.print(f"{len(configs)} configurations -> {beside}", markup=False, highlight=False)
+    exp, _ = _read(study)
+    target, beside, trials, configs = exp.export(out_path or study.with_suffix(f".{format.value}"), format.value)
+    out.print(f"{trials} trials -> {target}", markup=False, highlight=False)
+    out.print(f"{configs} configurations -> {beside}", markup=False, highlight=False)
 
 
 # -- dashboard / recommend / condition ---------------------------------------------------------------------------
-def _render(paths: list[Path], target: Path | None = None) -> Path:
-    from explorer.dashboard import render_studies
-
-    return render_studies(paths, target)
-
-
 @app.command()
 def dashboard(
     studies: Annotated[list[Path], typer.Argument(help="one or more study YAMLs (several: compared on one front)")],
@@ -354,13 +312,14 @@ def dashboard(
     every: Annotated[float, typer.Option(help="seconds between renders with --watch")] = 5.0,
 ) -> None:
     """Write one self-contained HTML dashboard (plotly, opens offline); reads the storages, never writes them."""
+    from explorer import api
+
     for path in studies:
         _read(path)  # says if a YAML changed since its study was made
-    target = _render(studies, out_path)
-    out.print(f"dashboard: {target}")
+    out.print(f"dashboard: {api.dashboard(studies, out_path)}")
     while watch:
         time.sleep(every)
-        _render(studies, out_path)
+        api.dashboard(studies, out_path)
 
 
 @app.command()
@@ -370,22 +329,18 @@ def recommend(
     verify: Annotated[bool, typer.Option(help="queue the recommended configuration and its neighbours in the study")] = False,
 ) -> None:
     """The best (layers, heads) split within a parameter budget, measured or (marked) predicted."""
-    from explorer.frame import trials_frame
-    from explorer.recommend import parse_budget
-    from explorer.recommend import recommend as best
-    from explorer.study import load_study_spec
+    from explorer import api
 
-    base = load_study_spec(study).space.baseline
-    limit = parse_budget(budget, base.params if base else None)  # a bad budget is said before the storage is opened
-    s, ostudy, changed = _read(study)
-    rec = best(trials_frame(ostudy), limit, base.key if base else None, s.task.metric,
-               [(c.key, c.dims, c.params) for c in s.space.configs()], s.task.higher_is_better)
+    exp = api.load(study)
+    limit = exp.budget(budget)  # a bad budget is said before the storage is opened
+    exp, changed = _read(study)
+    rec = exp.recommend(limit)
     for line in rec.lines():
         out.print(line, markup=False)
     if verify:
         if changed:
             raise ExplorerError(f"not queued: {changed.removesuffix('; rerun with --force to continue it anyway')}", source=str(study))
-        queued = s.queue_verification(ostudy, list(rec.verify))
+        queued = exp.verify(rec)
         out.print(f"queued {len(queued)} unmeasured configurations ({'; '.join(queued) or 'none'}); "
                   f"run them with: explorer resume {study}", markup=False)
 
@@ -415,9 +370,8 @@ def condition(
     comes from near-uniform attention at initialisation (each head's output close to rank one).
     Only at fixed head dimension does the Gaussian κ fall with heads (Theorem 3.2's setting).
     """
-    from explorer.conditioning import REGIMES, condition_table
-    from explorer.space import load_space
-    from explorer.tasks import get_task
+    from explorer import api
+    from explorer.conditioning import REGIMES
 
     options = {}
     for item in option:
@@ -425,9 +379,8 @@ def condition(
         if not sep:
             raise ExplorerError(f"--option {item!r}: write NAME=VALUE", field="--option")
         options[name] = _scalar(value)
-    sp = load_space(space)
     regimes = REGIMES if regime is RegimeChoice.both else (regime.value,)
-    frame = condition_table(sp, get_task(task, options), seeds=tuple(range(seeds)), regimes=regimes, head_dim=head_dim)
+    frame = api.condition(space, task, options, seeds=seeds, regimes=regimes, head_dim=head_dim)
     cols = ["regime", "width", "layers", "heads", "head_dim", "params", "kappa", "kappa_first", "kappa_last"]
     cols += [c for c in ("kappa_channel", "kappa_inner") if frame[c].notna().any()]
     if frame["missing"].map(len).any():  # blocks whose hook never fired, by name
@@ -438,20 +391,20 @@ def condition(
 
 
 def main() -> None:
-    """Entry point: user errors are one line on stderr and exit 1."""
-    import warnings
-
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.ERROR)  # the progress bar, one line per failed trial and the tables say it
-    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeats, since Optuna 2.8
+    """Entry point: user errors are one line on stderr and exit 1; an interrupt exits 130 with the way on."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on an interrupt unwinds: stored results stay
     try:
-        app(standalone_mode=False)
+        from explorer.api import quiet
+
+        with quiet():  # the progress bar, one line per failed trial and the tables say it
+            code = app(standalone_mode=False)  # typer answers Ctrl-C with 130, returned here
+    except KeyboardInterrupt:  # before typer took over: while modules were imported
+        code = 130
     except ExplorerError as e:
         err.print(f"error: {e}", markup=False, highlight=False)
         raise SystemExit(1) from None
     except (typer.Exit, SystemExit) as e:
-        raise SystemExit(getattr(e, "exit_code", getattr(e, "code", 0))) from None
+        code = getattr(e, "exit_code", getattr(e, "code", 0))
     except Exception as e:
         import click
 
@@ -459,8 +412,12 @@ def main() -> None:
             e.show()
             raise SystemExit(e.exit_code) from None
         if isinstance(e, click.exceptions.Abort):
-            raise SystemExit(130) from None
-        raise
+            code = 130
+        else:
+            raise
+    if code == 130:
+        err.print(_interrupted(sys.argv[1:]), markup=False, highlight=False)
+    raise SystemExit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
-from optuna._hypervolume import compute_hypervolume
 
 from explorer.errors import ExplorerError
 
@@ -79,7 +78,9 @@ def hypervolume(values: np.ndarray, directions: Sequence[str], reference: Sequen
     if loss.size == 0:
         return 0.0
     if loss.shape[1] != 2:
-        return float(compute_hypervolume(loss, ref))
+        from explorer.study.storage import hypervolume as optuna_hypervolume  # the study package imports this one
+
+        return optuna_hypervolume(loss, ref)
     front = np.unique(loss, axis=0)
     front = front[_front_of_unique_sorted(front)]  # x ascending, so y descending
     widths = np.diff(np.append(front[:, 0], ref[0]))

@@ -183,7 +183,7 @@ def test_verification_trials_run_after_n_trials_is_reached(tmp_path: Path) -> No
     assert marked and all(key in queued for key in marked), queued
     ok("resume", path, "--no-dashboard")
     complete = {t.params["arch"] for t in study.read().get_trials() if t.state.name == "COMPLETE"}
-    assert set(marked) <= complete and study.remaining(study.read()) == 0
+    assert set(marked) <= complete and study.queue.remaining(study.read()) == 0
 
 
 def test_unknown_executor_is_one_line_and_exit_1(tiny_study: Path) -> None:

@@ -37,7 +37,7 @@ def test_optuna_dashboard_lists_the_study_with_its_trials_and_both_objectives(tm
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     command = shutil.which("optuna-dashboard", path=str(Path(sys.executable).parent)) or "optuna-dashboard"
-    server = subprocess.Popen([command, study.storage_url, "--host", "127.0.0.1", "--port", str(port)],
+    server = subprocess.Popen([command, study.store.url, "--host", "127.0.0.1", "--port", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
     try:

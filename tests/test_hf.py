@@ -209,7 +209,7 @@ def test_shipped_study_runs_two_trials_through_storage(name: str, tmp_path: Path
     assert len(study.keys) == (12 if "gpt2" in name else 18) and study.spec.n_trials == 12
     study.spec.n_trials, study.spec.budget.max_steps, study.spec.budget.batch_size = 2, 3, 8
     LocalExecutor().run(study, study.open())
-    reloaded = optuna.load_study(study_name=study.spec.name, storage=study.storage_url)  # from the SQLite file
+    reloaded = optuna.load_study(study_name=study.spec.name, storage=study.store.url)  # from the SQLite file
     trials = reloaded.get_trials(states=(COMPLETE,))
     assert len(trials) == 2 and len({t.params["arch"] for t in trials}) == 2
     for trial in trials:

@@ -78,7 +78,7 @@ def test_a_trial_stopped_by_ray_leaves_no_checkpoint_to_resume(tiny_study: Path)
         raise SystemExit(0)
 
     with pytest.raises(SystemExit):
-        study.evaluate(cfg, 0, stop_after_first_epoch)
+        study.evaluator.evaluate(cfg, 0, stop_after_first_epoch)
     assert not study.checkpoint_dir(cfg, 0).exists()
 
 
@@ -88,7 +88,7 @@ def test_a_study_rebuilt_from_data_reads_no_yaml(tiny_study: Path, tmp_path: Pat
     for name in ("study.yaml", "space.yaml"):
         (tmp_path / name).rename(tmp_path / f"{name}.moved")
     copy = type(study).from_data(data)
-    assert copy.keys == study.keys and copy.identity() == study.identity() and copy.storage_url == study.storage_url
+    assert copy.keys == study.keys and copy.identity() == study.identity() and copy.store.url == study.store.url
 
 
 @pytest.mark.slow

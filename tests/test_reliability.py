@@ -27,6 +27,8 @@ from explorer.errors import ExplorerError
 from explorer.executors.local import LocalExecutor
 from explorer.families import get_family
 from explorer.study import load_study_spec
+from explorer.study.evaluate import Evaluator
+from explorer.study.storage import Store, pop_waiting, storage_of
 from explorer.watchdog import TrialTimeout, time_limit
 
 COMPLETE, FAIL, RUNNING = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.RUNNING
@@ -59,7 +61,7 @@ def await_condition(condition, timeout: float = 120) -> None:
 
 def stale_failed(study, ostudy: optuna.Study) -> bool:
     """Fail (and re-queue) the trials of dead workers whose grace period has passed, as every worker does."""
-    study.waiting(ostudy)
+    study.queue.waiting(ostudy)
     return True
 
 
@@ -100,10 +102,10 @@ def test_queued_grid_trials_are_popped_once_under_a_race(tmp_path: Path) -> None
         ostudy = study.open(create=False)
         start.wait()
         while True:
-            trial_id = ostudy._pop_waiting_trial_id()  # what `ask()` does first: the atomic claim
+            trial_id = pop_waiting(ostudy)  # what `ask()` does first: the atomic claim
             if trial_id is None:
                 return
-            got.append(ostudy._storage.get_trial(trial_id).system_attrs["fixed_params"]["arch"])
+            got.append(storage_of(ostudy).get_trial(trial_id).system_attrs["fixed_params"]["arch"])
 
     threads = [threading.Thread(target=pop) for _ in range(6)]
     for t in threads:
@@ -141,10 +143,10 @@ def test_a_trial_taken_by_a_worker_that_died_before_its_first_heartbeat_is_rerun
     path = write_study(tmp_path, budget=QUICK)
     study = load_study_spec(path)
     ostudy = study.open()
-    orphan = ostudy._pop_waiting_trial_id()  # what the dead worker's `ask()` did, and no more
-    await_condition(lambda: stale_failed(study, ostudy) and ostudy._storage.get_trial(orphan).state == FAIL)  # past the grace period
+    orphan = pop_waiting(ostudy)  # what the dead worker's `ask()` did, and no more
+    await_condition(lambda: stale_failed(study, ostudy) and storage_of(ostudy).get_trial(orphan).state == FAIL)  # past the grace period
     LocalExecutor().run(study, ostudy)
-    assert ostudy._storage.get_trial(orphan).state == FAIL
+    assert storage_of(ostudy).get_trial(orphan).state == FAIL
     assert sorted(trained(ostudy)) == sorted(study.keys)
 
 
@@ -211,10 +213,10 @@ def test_a_reader_does_not_queue_behind_a_worker_holding_the_write_lock(tmp_path
     try:
         study = load_study_spec(path)
         ostudy = study.read()
-        assert len(ostudy.get_trials(states=(COMPLETE,))) == 1 and study.finished(ostudy) == 1
+        assert len(ostudy.get_trials(states=(COMPLETE,))) == 1 and study.reads.finished(ostudy) == 1
         with pytest.raises(optuna.exceptions.StorageInternalError) as info:
             study.open(create=False).ask()
-        assert "database is locked" in str(study.storage_error(info.value))
+        assert "database is locked" in str(study.store.error(info.value))
     finally:
         lock.kill()
         lock.wait()
@@ -241,7 +243,7 @@ def test_a_full_storage_is_one_clear_error_and_loses_nothing(tmp_path: Path, mon
     fails with SQLITE_FULL ("database or disk is full"), the error a full disk gives."""
     path = write_study(tmp_path, budget=QUICK, n_trials=2)
     before = stored(run(path))
-    real_storage = type(load_study_spec(path)).storage
+    real_storage = Store.storage
 
     def capped(self):
         storage = real_storage(self)
@@ -254,7 +256,7 @@ def test_a_full_storage_is_one_clear_error_and_loses_nothing(tmp_path: Path, mon
         storage.engine.dispose()
         return storage
 
-    monkeypatch.setattr(type(load_study_spec(path)), "storage", capped)
+    monkeypatch.setattr(Store, "storage", capped)
     with pytest.raises(ExplorerError) as info:
         run(write_study(tmp_path, budget=QUICK, n_trials=12))
     one_line_naming_storage(info.value, path, "full")
@@ -415,14 +417,14 @@ def test_ctrl_c_mid_trial_exits_130_with_how_to_resume_and_the_trial_resumes_fro
 
 def test_ctrl_c_while_a_finished_trial_is_recorded_keeps_its_result_and_stops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """SIGINT lands after training, while the trial's values go to Optuna: the result is stored, then the study stops."""
-    study_type = type(load_study_spec(write_study(tmp_path, budget=QUICK, n_trials=3)))
-    values = study_type.values
+    write_study(tmp_path, budget=QUICK, n_trials=3)
+    values = Evaluator.values
 
     def interrupted(self, attrs):
         os.kill(os.getpid(), signal.SIGINT)  # a real signal, delivered to this (the main) thread
         return values(self, attrs)
 
-    monkeypatch.setattr(study_type, "values", interrupted)
+    monkeypatch.setattr(Evaluator, "values", interrupted)
     study = load_study_spec(tmp_path / "study.yaml")
     ostudy = study.open()
     with pytest.raises(KeyboardInterrupt):

@@ -154,8 +154,8 @@ def test_replicate_seed_sets_one_data_order_across_configurations(tmp_path: Path
     for s in (0, 1):
         orders = [order for seed, order in seen if seed == s]
         assert len(orders) == 6 and all(o == orders[0] for o in orders) and orders[0] == first[s].tolist()
-    assert study.finished(ostudy) == 12 and study.remaining(ostudy) == 0
-    assert study.replicate_cost(ostudy) == (12, 12)
+    assert study.reads.finished(ostudy) == 12 and study.queue.remaining(ostudy) == 0
+    assert study.reads.replicate_cost(ostudy) == (12, 12)
     shown = CliRunner().invoke(app, ["status", str(path)], env={"COLUMNS": "200"})
     assert shown.exit_code == 0, shown.output
     assert "6/6 configurations measured, 12 runs" in shown.output
@@ -211,7 +211,7 @@ def test_adaptive_replicates_recover_the_true_front_where_one_seed_does_not(tmp_
         return {"config": cfg.dims, "layers": cfg.dims["layers"], "heads": cfg.dims["heads"], "params": cfg.params,
                 "seed": seed, "accuracy": value, "curve": [value]}
 
-    monkeypatch.setattr("explorer.study.Study.evaluate", synthetic)
+    monkeypatch.setattr("explorer.study.evaluate.Evaluator.evaluate", synthetic)
     recovered = {"one seed": 0, "adaptive": 0}
     spent = []
     for rep["i"] in range(reps):
@@ -220,14 +220,14 @@ def test_adaptive_replicates_recover_the_true_front_where_one_seed_does_not(tmp_
         study = load_study_spec(path)
         ostudy = study.open()
         LocalExecutor().run(study, ostudy)
-        summary = study.summary(ostudy, draws=0)
+        summary = study.reads.summary(ostudy, draws=0)
         truth = pareto_mask(np.column_stack([[true_accuracy(c) for c in summary[["layers", "heads"]].to_dict("records")],
                                              summary["params"]]), ["maximize", "minimize"])
         first = np.array([values[0] for values in summary["values"]])  # every configuration's first seed
         one_seed = pareto_mask(np.column_stack([first, summary["params"]]), ["maximize", "minimize"])
         recovered["adaptive"] += bool((summary["on_front"].to_numpy() == truth).all())
         recovered["one seed"] += bool((one_seed == truth).all())
-        runs, at_max = study.replicate_cost(ostudy)
+        runs, at_max = study.reads.replicate_cost(ostudy)
         spent.append(runs / at_max)
     print(f"true front recovered in {reps} repetitions: adaptive {recovered['adaptive']}, one seed {recovered['one seed']}; "
           f"adaptive compute {np.mean(spent):.2f} of 6 seeds everywhere")
@@ -262,7 +262,7 @@ def test_trials_in_threads_start_only_what_is_left(tmp_path: Path, monkeypatch: 
     """Two threads whose trials end together (same length) never both take the last unstarted trial, and
     never sample at the same moment: no configuration past n_trials, every replicate once, nothing
     answered from storage."""
-    monkeypatch.setattr("explorer.study.Study.evaluate", synthetic_evaluate(0.05))
+    monkeypatch.setattr("explorer.study.evaluate.Evaluator.evaluate", synthetic_evaluate(0.05))
     path = write_study(tmp_path, space_doc=WIDE_SPACE, n_trials=n_trials, budget={**QUICK, "seeds": seeds},
                        replicates={"policy": "fixed"}, sampler={"name": sampler, "seed": 0},
                        executor={"name": "local", "cpu": 1, "n_jobs": 2})

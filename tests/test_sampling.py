@@ -128,7 +128,7 @@ def test_study_stored_with_arch_before_the_ordered_encoding_resumes(tmp_path: Pa
     path = write_study(tmp_path, sampler={"name": "nsga2", "seed": 0, "population_size": 2}, n_trials=5)
     study = load_study_spec(path)
     keys = list(study.configs)
-    old = optuna.create_study(study_name="tiny", storage=study.storage(), directions=["maximize", "minimize"])
+    old = optuna.create_study(study_name="tiny", storage=study.store.storage(), directions=["maximize", "minimize"])
     for key, value in {"spec": study.spec.model_dump(mode="json"), "space": study.space.to_dict(), "baseline": study.space.baseline.key,
                        "metric": "accuracy", "higher_is_better": True, "objectives": [o.model_dump() for o in study.objectives]}.items():
         old.set_user_attr(key, value)
@@ -136,10 +136,10 @@ def test_study_stored_with_arch_before_the_ordered_encoding_resumes(tmp_path: Pa
     for key in keys[:2]:  # two trials trained and stored as the old code did (two distinct ones: its sampler is unseeded)
         old.enqueue_trial({ARCH: key})
         trial = old.ask({ARCH: optuna.distributions.CategoricalDistribution(keys)})
-        attrs = study.evaluate(study.configs[trial.params[ARCH]], trial.number)
+        attrs = study.evaluator.evaluate(study.configs[trial.params[ARCH]], trial.number)
         for name, value in attrs.items():
             trial.set_user_attr(name, value)
-        old.tell(trial, study.values(attrs))
+        old.tell(trial, study.evaluator.values(attrs))
     before = {t.number: (t.params, t.values) for t in old.trials}
 
     resumed = load_study_spec(path)

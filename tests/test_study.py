@@ -18,6 +18,7 @@ from explorer.executors.local import LocalExecutor
 from explorer.frame import trials_frame
 from explorer.recommend import fit_surface
 from explorer.study import Study, load_study_spec
+from explorer.study.read import peers
 
 COMPLETE = optuna.trial.TrialState.COMPLETE
 
@@ -76,8 +77,8 @@ def test_duplicates_are_answered_from_storage_and_never_counted_as_measurements(
     duplicates = [t for t in trials if "duplicate_of" in t.user_attrs]
     assert duplicates and all(t.values == ostudy.trials[t.user_attrs["duplicate_of"]].values for t in duplicates)
     assert sorted(a for a, _ in outcomes(ostudy)) == sorted(study.keys)  # every configuration measured once, then it stops
-    assert study.finished(ostudy) == 6 and study.remaining(ostudy) == 0
-    assert len(study.peers(ostudy, -1)) == 6 and len(trials_frame(ostudy)) == 6
+    assert study.reads.finished(ostudy) == 6 and study.queue.remaining(ostudy) == 0
+    assert len(peers(ostudy.get_trials(), -1)) == 6 and len(trials_frame(ostudy)) == 6
     assert fit_surface(trials_frame(ostudy, duplicates=True), 16).dof == 6 - 4  # distinct configurations, not trials
 
 
@@ -121,7 +122,7 @@ def test_sigkill_mid_trial_then_resume_loses_nothing(tmp_path: Path) -> None:
     deadline = time.monotonic() + 60
     while waiting.trials[running.number].state != optuna.trial.TrialState.FAIL:  # stale after the grace period: failed, retried
         assert time.monotonic() < deadline
-        study.waiting(waiting)
+        study.queue.waiting(waiting)
         time.sleep(0.1)
     ostudy = run(path, create=False)
 
@@ -217,17 +218,17 @@ def test_checkpoints_belong_to_a_trial_and_its_retries_under_one_budget(tmp_path
 
     for lineage in (0, 2):  # two trials of the same configuration, each stopped after its first epoch
         with pytest.raises(KeyboardInterrupt):
-            study.evaluate(cfg, lineage, interrupt)
+            study.evaluator.evaluate(cfg, lineage, interrupt)
     assert study.checkpoint_dir(cfg, 0) != study.checkpoint_dir(cfg, 2)
     epochs: list[int] = []
-    study.evaluate(cfg, 1, lambda e, m: epochs.append(e))
+    study.evaluator.evaluate(cfg, 1, lambda e, m: epochs.append(e))
     assert epochs == [0, 1, 2]  # a third trial trains from scratch, the others' checkpoints untouched
     epochs.clear()
-    study.evaluate(cfg, 0, lambda e, m: epochs.append(e))
+    study.evaluator.evaluate(cfg, 0, lambda e, m: epochs.append(e))
     assert epochs == [1, 2] and not study.checkpoint_dir(cfg, 0).exists()  # the retry resumed and spent it
     changed = load_study_spec(write_study(tmp_path, budget={"epochs": 4, "batch_size": 128, "lr": 0.003, "seed": 0}))
     epochs.clear()
-    changed.evaluate(cfg, 2, lambda e, m: epochs.append(e))
+    changed.evaluator.evaluate(cfg, 2, lambda e, m: epochs.append(e))
     assert epochs == [0, 1, 2, 3]  # the old budget's checkpoint was not resumed
 
 

@@ -19,7 +19,7 @@ TrialCallback = Callable[[optuna.Study, optuna.trial.FrozenTrial], None]
 class Executor(ABC):
     @abstractmethod
     def run(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None = None) -> None:
-        """Run trials until `study.remaining(ostudy)` is 0, recording each in `ostudy`'s storage."""
+        """Run trials until `study.queue.remaining(ostudy)` is 0, recording each in `ostudy`'s storage."""
 
 
 def get_executor(name: str) -> Executor:

@@ -26,6 +26,7 @@ import torch
 from explorer.errors import ExplorerError, TrialFailed
 from explorer.executors import Executor, TrialCallback
 from explorer.study import STORAGE_ERRORS, Study
+from explorer.study.storage import storage_of
 
 
 class LocalExecutor(Executor):
@@ -35,17 +36,17 @@ class LocalExecutor(Executor):
             with interrupts.installed(), _quiet_heartbeat_faults():
                 self._run(study, ostudy, on_trial, interrupts)
         except STORAGE_ERRORS as err:  # locked past the timeout, read-only, full, corrupt: finished trials stay stored
-            raise study.storage_error(err) from None
+            raise study.store.error(err) from None
         except UnboundLocalError as err:  # Optuna's tell lost the storage, then its cleanup read an unset state
             cause = _storage_fault(err)
             if cause is None:
                 raise
-            raise study.storage_error(cause) from None
+            raise study.store.error(cause) from None
         if interrupts.requested:
             raise KeyboardInterrupt
 
     def _run(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None, interrupts: _Interrupts) -> None:
-        study.queue_replicates(ostudy)  # a resumed study queues the replicates it still lacks
+        study.queue.replicates(ostudy)  # a resumed study queues the replicates it still lacks
         if _done(study, ostudy):
             return
         metric = study.task.metric
@@ -53,9 +54,9 @@ class LocalExecutor(Executor):
 
         def objective(trial: optuna.Trial) -> list[float]:
             slots.taken()
-            cfg = study.suggest(trial)
+            cfg = study.evaluator.suggest(trial)
             _await_earlier(study, ostudy, trial, cfg.key, interrupts)
-            values = study.answer_from_storage(ostudy, trial, cfg)
+            values = study.evaluator.answer_from_storage(ostudy, trial, cfg)
             if values is not None:  # a sampler may propose a configuration again: never train it twice
                 return values
             trial.set_user_attr("config", cfg.dims)
@@ -69,41 +70,42 @@ class LocalExecutor(Executor):
                 trial.set_user_attr("curve", curve)
                 if interrupts.requested:  # trials in threads stop here (signals reach the main thread only)
                     raise KeyboardInterrupt
-                if study.should_prune(ostudy, trial.number, epoch + 1, value, cfg):
+                if study.evaluator.should_prune(ostudy, trial.number, epoch + 1, value, cfg):
                     raise optuna.TrialPruned(f"{metric} {value:.4g} at epoch {epoch + 1}: pruned ({study.spec.pruner.name})")
 
             try:
                 with interrupts.armed():
-                    attrs = study.evaluate(cfg, study.lineage(frozen), on_epoch, seed=study.seed_of(trial))
+                    attrs = study.evaluator.evaluate(cfg, study.lineage(frozen), on_epoch, seed=study.seed_of(trial))
             except (TrialFailed, ExplorerError) as err:  # ExplorerError: the study's data is bad; it stops the study
                 trial.set_user_attr("fail_reason", str(err))
                 raise
             except KeyboardInterrupt:  # Optuna marks it failed; queue its configuration for the resume
-                study.requeue(ostudy, frozen)
+                trial.set_user_attr("interrupted", "interrupted (Ctrl-C) while it trained; its configuration is queued again")
+                study.queue.requeue(ostudy, frozen)
                 raise
             for key, value in attrs.items():
                 trial.set_user_attr(key, value)
-            return study.values(attrs)
+            return study.evaluator.values(attrs)
 
         def after(s: optuna.Study, t: optuna.trial.FrozenTrial) -> None:
             if not interrupts.requested:
-                study.queue_replicates(s)
+                study.queue.replicates(s)
             if on_trial is not None:
                 on_trial(s, t)
-            if interrupts.requested or _done(study, s) or study.too_many_failures(s) or not slots.reserve(study.unstarted(s)):
+            if interrupts.requested or _done(study, s) or study.reads.too_many_failures(s) or not slots.reserve(study.queue.unstarted(s)):
                 s.stop()
 
         while True:  # a round of replicates may be queued after the last trial stopped the study
             slots = _Slots()
-            jobs = min(study.spec.executor.n_jobs, max(1, study.unstarted(ostudy)))
+            jobs = min(study.spec.executor.n_jobs, max(1, study.queue.unstarted(ostudy)))
             ostudy.optimize(objective, callbacks=[after], catch=(TrialFailed,), gc_after_trial=False, n_jobs=jobs)
-            if interrupts.requested or study.too_many_failures(ostudy):
+            if interrupts.requested or study.reads.too_many_failures(ostudy):
                 break
-            study.queue_replicates(ostudy)
+            study.queue.replicates(ostudy)
             if _done(study, ostudy):
                 break
-        if study.too_many_failures(ostudy):
-            raise ExplorerError(f"stopped after {study.failures(ostudy)} failed trials (max_failures: {study.spec.max_failures}); "
+        if study.reads.too_many_failures(ostudy):
+            raise ExplorerError(f"stopped after {study.reads.failures(ostudy)} failed trials (max_failures: {study.spec.max_failures}); "
                                 "see `explorer status` for their reasons", source=str(study.source))
 
 
@@ -171,7 +173,7 @@ class _Interrupts:
 
 def _done(study: Study, ostudy: optuna.Study) -> bool:
     """n_trials reached, or (grid) nothing left in the queue: what runs elsewhere finishes there."""
-    return study.remaining(ostudy) == 0 or (study.spec.sampler.name == "grid" and study.waiting(ostudy) == 0)
+    return study.queue.remaining(ostudy) == 0 or (study.spec.sampler.name == "grid" and study.queue.waiting(ostudy) == 0)
 
 
 def _await_earlier(study: Study, ostudy: optuna.Study, trial: optuna.Trial, key: str, interrupts: _Interrupts) -> None:
@@ -181,7 +183,7 @@ def _await_earlier(study: Study, ostudy: optuna.Study, trial: optuna.Trial, key:
     worker died) is failed by `waiting` after the heartbeat grace period, and then this trial trains.
     Without heartbeats (journal files) a dead worker's trial stays RUNNING, so there is no waiting.
     """
-    if getattr(ostudy._storage, "get_heartbeat_interval", lambda: None)() is None:
+    if getattr(storage_of(ostudy), "get_heartbeat_interval", lambda: None)() is None:
         return
     running, seed = (optuna.trial.TrialState.RUNNING,), study.seed_of(trial)
     while any(t.number < trial.number and t.params.get("arch") == key and study.seed_of(t) == seed
@@ -189,7 +191,7 @@ def _await_earlier(study: Study, ostudy: optuna.Study, trial: optuna.Trial, key:
         if interrupts.requested:
             raise KeyboardInterrupt
         time.sleep(study.spec.heartbeat_s)
-        study.waiting(ostudy)
+        study.queue.waiting(ostudy)
 
 
 @contextmanager

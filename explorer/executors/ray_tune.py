@@ -8,7 +8,7 @@ schedules. Three pieces meet Ray's interfaces:
   per-epoch curve, `on_trial_complete` tells Optuna (values and the same user attributes as `local`).
 - `BinnedScheduler`, a Ray `TrialScheduler`: explorer's parameter-binned pruner (median or successive
   halving, i.e. ASHA's rule) against every trial in storage, whichever executor or run made it.
-- `train_trial`, the function trainable: `Study.evaluate` on the GPU (or CPUs) Ray assigns, reporting
+- `train_trial`, the function trainable: `Evaluator.evaluate` (explorer.study.evaluate) on the GPU (or CPUs) Ray assigns, reporting
   each epoch with a Ray checkpoint of the trial's checkpoint folder, resuming from it after a failure.
 
 Tune pickles its searcher and scheduler, and Optuna storages hold locks and connections that do not
@@ -47,6 +47,7 @@ from ray.tune.search import Searcher
 from explorer.errors import ExplorerError, TrialFailed
 from explorer.executors import Executor, TrialCallback
 from explorer.study import ExecutorSpec, Study
+from explorer.study.storage import storage_of, trial_storage_id
 from explorer.train import CHECKPOINT
 
 _FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
@@ -54,8 +55,8 @@ _FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, o
 
 class RayExecutor(Executor):
     def run(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None = None) -> None:
-        study.queue_replicates(ostudy)  # a resumed study queues the replicates it still lacks
-        if study.remaining(ostudy) == 0:
+        study.queue.replicates(ostudy)  # a resumed study queues the replicates it still lacks
+        if study.queue.remaining(ostudy) == 0:
             return
         log_to_file(ray_log(study))
         connect(study.spec.executor)
@@ -70,8 +71,8 @@ class RayExecutor(Executor):
             interrupted = link.release()
         if interrupted:  # Tune caught Ctrl-C and stopped its trials: their configurations are queued again
             raise KeyboardInterrupt
-        if study.too_many_failures(ostudy):
-            raise ExplorerError(f"stopped after {study.failures(ostudy)} failed trials (max_failures: {study.spec.max_failures}); "
+        if study.reads.too_many_failures(ostudy):
+            raise ExplorerError(f"stopped after {study.reads.failures(ostudy)} failed trials (max_failures: {study.spec.max_failures}); "
                                 "see `explorer status` for their reasons", source=str(study.source))
 
 
@@ -218,7 +219,7 @@ class _Link:
         return study, self._ostudy
 
     def _heartbeat(self, ostudy: optuna.Study, stop: threading.Event) -> None:
-        storage = ostudy._storage  # Optuna's own heartbeat thread records on the study's storage too
+        storage = storage_of(ostudy)  # Optuna's own heartbeat thread records on the study's storage too
         interval = storage.get_heartbeat_interval() if hasattr(storage, "get_heartbeat_interval") else None
         while interval and not stop.is_set():
             for trial_id in list(self.open_trials.values()):
@@ -245,13 +246,13 @@ class _Link:
         stopped = False
         if self._ostudy is not None:
             for number, trial_id in list(self.open_trials.items()):
-                trial = self._ostudy._storage.get_trial(trial_id)
+                trial = storage_of(self._ostudy).get_trial(trial_id)
                 if trial.state not in _FINISHED:
                     stopped = True
-                    self._ostudy._storage.set_trial_user_attr(
+                    storage_of(self._ostudy).set_trial_user_attr(
                         trial_id, "interrupted", "the Ray run was interrupted (Ctrl-C) while it ran; its configuration is queued again")
                     self.tell(number, state=optuna.trial.TrialState.FAIL)
-                    self.study().requeue(self._ostudy, trial)
+                    self.study().queue.requeue(self._ostudy, trial)
         self.open_trials.clear()
         if self._beating is not None:
             self._beating.set()
@@ -286,17 +287,17 @@ class OptunaBridge(Searcher):
                 if not self._answer_from_storage(number, run[0]):
                     return self._launch(trial_id, number, run[0])
         while True:
-            study.queue_replicates(ostudy)
-            if study.remaining(ostudy) <= len(self.link.open_trials) or study.too_many_failures(ostudy) or (
-                    study.spec.sampler.name == "grid" and study.waiting(ostudy) == 0):
+            study.queue.replicates(ostudy)
+            if study.queue.remaining(ostudy) <= len(self.link.open_trials) or study.reads.too_many_failures(ostudy) or (
+                    study.spec.sampler.name == "grid" and study.queue.waiting(ostudy) == 0):
                 # open trials may still lead to replicates (an adaptive round starts when they end)
                 more = self.held or (self.link.open_trials and len(study.seeds) > 1)
                 return None if more else Searcher.FINISHED
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Heartbeat of storage")  # the link beats for Ray trials
                 trial = ostudy.ask()  # queued trials (retries, grid, `recommend --verify`) come first
-            self.link.open_trials[trial.number] = trial._trial_id
-            key = study.suggest(trial).key
+            self.link.open_trials[trial.number] = trial_storage_id(trial)
+            key = study.evaluator.suggest(trial).key
             if (key, study.seed_of(trial)) in self._training():
                 self.held[trial.number] = (key, study.seed_of(trial))
             elif not self._answer_from_storage(trial.number, key):
@@ -310,7 +311,7 @@ class OptunaBridge(Searcher):
     def _answer_from_storage(self, number: int, key: str) -> bool:
         """A configuration that already completed is not trained again (`Study.answer_from_storage`, as `local`)."""
         study, ostudy = self.link.open()
-        values = study.answer_from_storage(ostudy, optuna.Trial(ostudy, self.link.open_trials[number]), study.configs[key])
+        values = study.evaluator.answer_from_storage(ostudy, optuna.Trial(ostudy, self.link.open_trials[number]), study.configs[key])
         if values is None:
             return False
         self.link.tell(number, values=values)
@@ -324,7 +325,7 @@ class OptunaBridge(Searcher):
         trial.set_user_attr("params", cfg.params)
         self.ray_ids[trial_id] = number
         self.curves[number] = []
-        lineage = study.lineage(ostudy._storage.get_trial(self.link.open_trials[number]))  # a retry resumes its checkpoint
+        lineage = study.lineage(storage_of(ostudy).get_trial(self.link.open_trials[number]))  # a retry resumes its checkpoint
         return {"arch": key, "optuna_number": number, "lineage": lineage, "seed": study.seed_of(trial)}
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
@@ -336,7 +337,7 @@ class OptunaBridge(Searcher):
             return
         study, ostudy = self.link.open()
         storage_id = self.link.open_trials.get(number)
-        if storage_id is None or ostudy._storage.get_trial(storage_id).state in _FINISHED:  # reclaimed meanwhile
+        if storage_id is None or storage_of(ostudy).get_trial(storage_id).state in _FINISHED:  # reclaimed meanwhile
             self.link.open_trials.pop(number, None)
             return
         trial = optuna.Trial(ostudy, storage_id)
@@ -351,7 +352,7 @@ class OptunaBridge(Searcher):
             attrs = json.loads(result["attrs"])
             for key, value in attrs.items():
                 trial.set_user_attr(key, value)
-            self.link.tell(number, values=study.values(attrs))
+            self.link.tell(number, values=study.evaluator.values(attrs))
         else:  # stopped by the scheduler after this result
             self._record_epoch(number, result)
             self.link.tell(number, state=optuna.trial.TrialState.PRUNED)
@@ -396,7 +397,7 @@ class BinnedScheduler(FIFOScheduler):
         if "epoch" not in result or metric not in result or "attrs" in result:
             return TrialScheduler.CONTINUE
         cfg = study.configs[trial.config["arch"]]
-        prune = study.should_prune(ostudy, trial.config["optuna_number"], result["epoch"], float(result[metric]), cfg)
+        prune = study.evaluator.should_prune(ostudy, trial.config["optuna_number"], result["epoch"], float(result[metric]), cfg)
         return TrialScheduler.STOP if prune else TrialScheduler.CONTINUE
 
 
@@ -433,7 +434,7 @@ def train_trial(config: dict[str, Any], link: _Link) -> None:
                     checkpoint=tune.Checkpoint.from_directory(str(folder)) if saved else None)
 
     try:
-        attrs = study.evaluate(cfg, lineage, on_epoch, trial_device(ray.get_gpu_ids()), checkpoint_dir=folder,
+        attrs = study.evaluator.evaluate(cfg, lineage, on_epoch, trial_device(ray.get_gpu_ids()), checkpoint_dir=folder,
                                seed=config.get("seed"))
     except TrialFailed as err:  # a result, not a Ray error: Ray would retry it max_failures times
         tune.report({"fail_reason": str(err), "node": node, metric: math.nan})

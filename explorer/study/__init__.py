@@ -1,0 +1,29 @@
+"""A study: one YAML (space, task, budget, sampler, objectives, executor) and one Optuna storage.
+
+The Optuna storage is the single source of truth: every trial's configuration, metrics, κ values and
+learning curve live there, so a study resumes, exports and renders from it at any time. One job a
+module, in the order a study flows:
+
+- `spec.py`: what a study is: the YAML models, `Study` (the spec resolved against its files), its identity.
+- `storage.py`: the storage: open, identity check, heartbeat repair, one-line errors; Optuna's private names.
+- `queue.py`: what runs next: grid order, replicates, verification, retries, what is left.
+- `evaluate.py`: one trial: its configuration, training run, stored attributes, pruning, duplicates.
+- `read.py`: the read side: which trials are measurements, counts, the per-configuration summary.
+
+`Study` is reached as `study.store`, `study.queue`, `study.evaluator` and `study.reads` for each job.
+"""
+
+from explorer.study.spec import (
+    OBJECTIVE_NAMES,
+    ExecutorSpec,
+    Objective,
+    PrunerSpec,
+    SamplerSpec,
+    Study,
+    StudySpec,
+    load_study_spec,
+)
+from explorer.study.storage import STORAGE_ERRORS
+
+__all__ = ["OBJECTIVE_NAMES", "STORAGE_ERRORS", "ExecutorSpec", "Objective", "PrunerSpec", "SamplerSpec", "Study",
+           "StudySpec", "load_study_spec"]

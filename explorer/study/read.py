@@ -1,0 +1,101 @@
+"""The read side of a study: which stored trials are measurements, counts of them, and the
+per-configuration summary that `status`, `export`, `recommend`, `dashboard` and the queue share.
+
+Nothing here writes to the storage.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import optuna
+import pandas as pd
+
+from explorer.frame import trials_frame
+from explorer.pruning import Peer
+from explorer.stats import summarize
+
+if TYPE_CHECKING:
+    from explorer.study.spec import Study
+
+_COMPLETE, _PRUNED, _FAIL = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL
+
+
+def is_measured(t: optuna.trial.FrozenTrial) -> bool:
+    """Whether a trial is a measurement: complete, pruned, or failed by itself.
+
+    A duplicate answered from storage is not; nor a trial failed because its worker died (stale
+    heartbeat, no `fail_reason`): it is retried.
+    """
+    if "duplicate_of" in t.user_attrs:
+        return False
+    return t.state in (_COMPLETE, _PRUNED) or (t.state == _FAIL and "fail_reason" in t.user_attrs)
+
+
+def counts(t: optuna.trial.FrozenTrial) -> bool:
+    """Whether a trial counts towards `n_trials`: a measurement of a configuration, not a replicate of
+    one nor the retry of a failed one."""
+    return is_measured(t) and not t.user_attrs.get("replicate") and "retry_of_failed" not in t.user_attrs
+
+
+def runs_regardless(t: optuna.trial.FrozenTrial) -> bool:
+    """Trials that run whatever `n_trials` says: their configuration is measured on purpose (a replicate
+    seed, a verification, or the retry of a failed configuration)."""
+    return bool(t.user_attrs.get("verify") or t.user_attrs.get("replicate") or "retry_of_failed" in t.user_attrs)
+
+
+def peers(trials: list[optuna.trial.FrozenTrial], number: int) -> list[Peer]:
+    """The other trials' parameter counts and per-epoch curves, for pruning: distinct measurements only."""
+    return [Peer(t.user_attrs["params"], t.user_attrs["curve"], t.params.get("arch")) for t in trials
+            if t.number != number and "curve" in t.user_attrs and "params" in t.user_attrs and "duplicate_of" not in t.user_attrs]
+
+
+class Reads:
+    """Counts and summaries of one study's stored trials."""
+
+    def __init__(self, study: Study):
+        self.study = study
+
+    def finished(self, ostudy: optuna.Study) -> int:
+        """Measurements so far, replicates included (see `is_measured`)."""
+        return sum(is_measured(t) for t in ostudy.get_trials(deepcopy=False))
+
+    def configurations(self, ostudy: optuna.Study) -> int:
+        """Configurations measured so far (complete, pruned or failed by itself): what `n_trials` counts."""
+        return len({t.params.get("arch") for t in ostudy.get_trials(deepcopy=False) if counts(t)})
+
+    def outcomes(self, ostudy: optuna.Study) -> tuple[int, int]:
+        """(configurations with a result: a complete or pruned trial; configurations whose every trial failed
+        by itself): what `status` says, so that failed configurations never read as measured."""
+        results, failed = set(), set()
+        for t in ostudy.get_trials(deepcopy=False):
+            if is_measured(t):
+                (failed if t.state == _FAIL else results).add(t.params.get("arch"))
+        return len(results), len(failed - results)
+
+    def failures(self, ostudy: optuna.Study) -> int:
+        return sum(t.state == _FAIL and "fail_reason" in t.user_attrs for t in ostudy.get_trials(deepcopy=False))
+
+    def too_many_failures(self, ostudy: optuna.Study) -> bool:
+        """Whether `max_failures` trials failed by themselves: the study stops, it would fail them all."""
+        limit = self.study.spec.max_failures
+        return limit is not None and self.failures(ostudy) >= limit
+
+    def completed(self, ostudy: optuna.Study) -> dict[tuple[str, int], optuna.trial.FrozenTrial]:
+        """The first completed measurement of each (configuration, seed)."""
+        out: dict[tuple[str, int], optuna.trial.FrozenTrial] = {}
+        for t in ostudy.get_trials(deepcopy=False, states=(_COMPLETE,)):
+            if "duplicate_of" not in t.user_attrs:
+                out.setdefault((t.params.get("arch"), self.study.seed_of(t)), t)
+        return out
+
+    def summary(self, ostudy: optuna.Study, draws: int | None = None) -> pd.DataFrame:
+        """Per-configuration statistics of the stored measurements (explorer.stats.summarize)."""
+        objectives = [(o.name, o.direction) for o in self.study.objectives]
+        kwargs = {} if draws is None else {"draws": draws}
+        return summarize(trials_frame(ostudy), self.study.task.metric, objectives, **kwargs)
+
+    def replicate_cost(self, ostudy: optuna.Study) -> tuple[int, int]:
+        """(runs measured, runs that every measured configuration at the maximum seeds would take)."""
+        summary = self.summary(ostudy, draws=0)
+        return int(summary["n"].sum()) if len(summary) else 0, len(summary) * len(self.study.seeds)

@@ -1,0 +1,288 @@
+"""What a study is: its YAML (`StudySpec`, field for field) resolved against its files (`Study`), and the
+identity that says which question its stored trials answer.
+
+This module reads files and builds objects; it never opens a storage nor trains (storage.py, queue.py,
+evaluate.py and read.py do, each handed this `Study`).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+import optuna
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from explorer import checkpoints
+from explorer.errors import ExplorerError
+from explorer.pruning import BinnedPruner, bin_edges
+from explorer.replicates import ReplicateSpec
+from explorer.sampling import BudgetSampler, Encoding, FeasibleSampler, encoding_of
+from explorer.space import Config, SearchSpace, SpaceSpec, load_space
+from explorer.tasks import Task, get_task
+from explorer.train import Budget
+from explorer.yamlio import load_model
+
+OBJECTIVE_NAMES = ("params", "flops", "train_time_s")  # besides the task's metrics
+_OBJECTIVE = re.compile(r"^(maximize|minimize)\s+(\w+)$")
+
+
+class Objective(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    direction: Literal["maximize", "minimize"]
+    name: str
+
+
+class SamplerSpec(BaseModel):
+    """Which sampler proposes configurations (explorer.sampling): `budget-ei` (explorer's own, the
+    default: it won bench/search.py), Optuna's `tpe`, `gp`, `nsga2`, `random`, or `grid` (every one)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: Literal["budget-ei", "tpe", "gp", "nsga2", "random", "grid"] = "budget-ei"
+    seed: int = 0
+    population_size: int = Field(8, ge=2)  # nsga2 only
+
+
+class PrunerSpec(BaseModel):
+    """Pruning on the per-epoch metric, fair to small models (see explorer.pruning): `dominated` stops a
+    trial that, even with the largest gain its bin's complete trials made from this epoch on, would
+    finish more than `margin` below a configuration with no more parameters; `median` and
+    `successive-halving` compare within `param_bins` parameter bins. Replicates and verification
+    trials are never pruned: their configuration is measured on purpose."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: Literal["none", "dominated", "median", "successive-halving"] = "none"
+    warmup_epochs: int = Field(1, ge=1)
+    startup_trials: int = Field(4, ge=1)
+    reduction_factor: int = Field(2, ge=2)
+    param_bins: int = Field(3, ge=1)
+    margin: float = Field(0.0, ge=0)  # dominated only, in the metric's units
+
+
+class ExecutorSpec(BaseModel):
+    """Where trials run: `local` (in this process) or `ray` (Ray Tune; `address` joins a cluster).
+
+    `cpu` and `gpu` are the resources of one trial (torch's CPU threads, locally); `n_jobs` trials train
+    at once in a local executor's process (threads, as Optuna's `optimize(n_jobs=...)`); `max_concurrent`,
+    `max_failures` (retries of a trial whose worker died), `address` and `storage_path` (where Ray Tune
+    keeps trial checkpoints: a folder every node shares, or a URI such as s3://bucket/path) are Ray's.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    name: Literal["local", "ray"] = "local"
+    address: str | None = None
+    cpu: float = Field(1, gt=0)
+    gpu: float = Field(0, ge=0)
+    n_jobs: int = Field(1, ge=1)
+    max_concurrent: int = Field(2, ge=1)
+    max_failures: int = Field(2, ge=0)
+    storage_path: str | None = None
+
+
+class StudySpec(BaseModel):
+    """The YAML of a study, field for field."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    space: str
+    task: dict[str, Any]
+    budget: Budget = Budget()
+    replicates: ReplicateSpec = ReplicateSpec()  # how budget.seeds are spent: fixed or adaptive
+    objectives: list[Objective] | None = None
+    sampler: SamplerSpec = SamplerSpec()
+    pruner: PrunerSpec = PrunerSpec()
+    n_trials: int = Field(ge=1)
+    max_failures: int | None = Field(None, ge=1)
+    storage: str | None = None
+    storage_timeout_s: float = Field(60, gt=0)  # how long a worker waits for a locked SQLite file
+    heartbeat_s: int = Field(5, ge=1)
+    trial_timeout_s: float | None = Field(None, gt=0)  # wall-clock limit of one trial (explorer.watchdog)
+    executor: ExecutorSpec = ExecutorSpec()
+
+    @field_validator("objectives", mode="before")
+    @classmethod
+    def _objectives(cls, value: Any) -> Any:
+        if not isinstance(value, list):
+            return value
+        out = []
+        for item in value:
+            if isinstance(item, str):
+                match = _OBJECTIVE.match(item.strip())
+                if not match:
+                    raise ValueError(f"{item!r}: write 'maximize NAME' or 'minimize NAME'")
+                item = {"direction": match.group(1), "name": match.group(2)}
+            out.append(item)
+        if not out:
+            raise ValueError("at least one objective")
+        return out
+
+    @field_validator("task")
+    @classmethod
+    def _task_named(cls, value: dict) -> dict:
+        if not isinstance(value.get("name"), str):
+            raise ValueError("the task needs a name (e.g. digits, listops, image-folder, text-file)")
+        return value
+
+
+class Study:
+    """A study spec resolved against its files (space, task, objectives), and the jobs done on it.
+
+    The jobs live in their own modules, each handed this object: `store` (storage.py: open, identity,
+    heartbeat repair), `queue` (queue.py: what runs next), `evaluator` (evaluate.py: one trial) and
+    `reads` (read.py: counts and summaries of the stored trials).
+    """
+
+    def __init__(self, spec: StudySpec, source: Path, space: SearchSpace | None = None):
+        self.spec = spec
+        self.source = source
+        self.space: SearchSpace = space or load_space(self.path(spec.space, "space"))
+        options = {k: v for k, v in spec.task.items() if k != "name"}
+        for key in ("root", "path"):
+            if isinstance(options.get(key), str):
+                options[key] = str(self.path(options[key], f"task.{key}", must_exist=False))
+        self.task: Task = get_task(spec.task["name"], options, source=str(source))
+        self.objectives: list[Objective] = spec.objectives or self._default_objectives()
+        self._check_objectives()
+        self._check_task_fits_space()
+        from explorer.study.evaluate import Evaluator
+        from explorer.study.queue import Queue
+        from explorer.study.read import Reads
+        from explorer.study.storage import Store
+
+        self.store = Store(self)
+        self.queue = Queue(self)
+        self.evaluator = Evaluator(self)
+        self.reads = Reads(self)
+
+    def to_data(self) -> dict[str, Any]:
+        """The resolved study as plain data, for machines that do not have its files (Ray worker nodes)."""
+        return {"spec": self.spec.model_dump(mode="json"), "source": str(self.source.resolve()),
+                "space": self.space.to_dict(), "space_source": self.space.source}
+
+    @classmethod
+    def from_data(cls, data: dict[str, Any]) -> Study:
+        """The study `to_data` described, rebuilt without reading its YAML files; relative paths in it
+        (task data, storage) still resolve against the original study's folder."""
+        space = SearchSpace(SpaceSpec.model_validate(data["space"]), data["space_source"])
+        return cls(StudySpec.model_validate(data["spec"]), Path(data["source"]), space)
+
+    def open(self, *, create: bool = True, force: bool = False) -> optuna.Study:
+        """The Optuna study, to run it (`Store.open`)."""
+        return self.store.open(create=create, force=force)
+
+    def read(self) -> optuna.Study:
+        """The stored Optuna study, to read only (`Store.read`)."""
+        return self.store.read()
+
+    # -- resolution and validation --------------------------------------------------------------
+    def path(self, value: str, field: str, must_exist: bool = True) -> Path:
+        """A path in the spec is relative to the spec's folder; say so when it is missing."""
+        path = Path(value).expanduser()
+        if not path.is_absolute():
+            path = self.source.parent / path
+        if must_exist and not path.exists():
+            raise ExplorerError(f"{path} does not exist", source=str(self.source), field=field)
+        if must_exist and not path.is_file():
+            raise ExplorerError(f"{path} is not a file", source=str(self.source), field=field)
+        return path
+
+    def _default_objectives(self) -> list[Objective]:
+        metric = Objective(direction="maximize" if self.task.higher_is_better else "minimize", name=self.task.metric)
+        return [metric, Objective(direction="minimize", name="params")]
+
+    def _check_objectives(self) -> None:
+        known = {*OBJECTIVE_NAMES, self.task.metric}
+        for i, obj in enumerate(self.objectives):
+            if obj.name not in known:
+                raise ExplorerError(f"unknown objective {obj.name!r}; this task offers {', '.join(sorted(known))}",
+                                    source=str(self.source), field=f"objectives.{i}")
+        if self.task.metric not in {o.name for o in self.objectives}:
+            raise ExplorerError(f"no objective uses the task's metric {self.task.metric!r}", source=str(self.source), field="objectives")
+
+    def _check_task_fits_space(self) -> None:
+        sample = self.space.configs()[0].dims
+        for key, value in self.task.dims().items():
+            if key in sample and sample[key] != value:
+                raise ExplorerError(f"task {self.task.name} gives {key}={value} but space {self.space.name} has {key}={sample[key]}",
+                                    source=str(self.source), field="task")
+
+    def paths(self) -> dict[str, str]:
+        """Every place on disk this study reads or writes, resolved: `explorer run` states them."""
+        out = {"study": str(self.source.resolve()), "space": str(Path(self.space.source).resolve())}
+        for key in ("root", "path"):
+            if isinstance(self.spec.task.get(key), str):
+                out[f"task.{key}"] = str(self.path(self.spec.task[key], f"task.{key}", must_exist=False).resolve())
+        out["storage"] = self.store.shown_location()
+        out["checkpoints"] = str(self.checkpoint_root.resolve())
+        return out
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return self.source.parent / f"{self.spec.name}.ckpt"
+
+    def checkpoint_dir(self, cfg: Config, lineage: int) -> Path:
+        """Where the trial `lineage` (and its retries) keeps its checkpoint (explorer.checkpoints)."""
+        return checkpoints.folder(self.checkpoint_root, cfg.key, lineage)
+
+    lineage = staticmethod(checkpoints.lineage)
+
+    def identity(self) -> dict[str, Any]:
+        """What defines the question a study answers: changing it mid-study is refused."""
+        return {
+            "space": self.space.fingerprint,
+            "task": {k: v for k, v in self.spec.task.items()},
+            "budget": self.spec.budget.model_dump(mode="json", exclude={"seeds"}),
+            "objectives": [f"{o.direction} {o.name}" for o in self.objectives],
+        }
+
+    # -- what the spec builds ------------------------------------------------------------------
+    @cached_property
+    def configs(self) -> dict[str, Config]:
+        return {cfg.key: cfg for cfg in self.space.configs()}
+
+    @property
+    def keys(self) -> list[str]:
+        return list(self.configs)
+
+    @property
+    def seeds(self) -> list[int]:
+        return self.spec.budget.seed_list
+
+    def seed_of(self, trial: optuna.Trial | optuna.trial.FrozenTrial) -> int:
+        """The seed a trial trains with: a queued replicate's own, else the first (every configuration starts there)."""
+        return int(trial.user_attrs.get("seed", self.seeds[0]))
+
+    def encoding(self, study: optuna.Study | None = None) -> Encoding:
+        """How this study's configurations are Optuna parameters: ordered, or `arch` for a study stored
+        before the ordered encoding (chosen once per opened study, from its stored trials)."""
+        if study is not None or not hasattr(self, "_encoding"):
+            self._encoding = encoding_of(self.space, study)
+        return self._encoding
+
+    def sampler(self, study: optuna.Study | None = None) -> optuna.samplers.BaseSampler:
+        """The spec's sampler over `study`'s encoding; every proposal is a feasible configuration no
+        trial has taken (explorer.sampling). TPE runs with a constant liar for parallel workers."""
+        s, enc = self.spec.sampler, self.encoding(study)
+        if s.name == "budget-ei":
+            metric = [o.name for o in self.objectives].index(self.task.metric)
+            return BudgetSampler(enc, metric, self.objectives[metric].direction == "maximize", seed=s.seed)
+        inner = {
+            "tpe": lambda: optuna.samplers.TPESampler(seed=s.seed, multivariate=True, constant_liar=True),
+            "gp": lambda: optuna.samplers.GPSampler(seed=s.seed),
+            "nsga2": lambda: optuna.samplers.NSGAIISampler(population_size=s.population_size, seed=s.seed),
+        }.get(s.name, lambda: optuna.samplers.RandomSampler(seed=s.seed))()  # grid: the queue decides; random fills
+        return FeasibleSampler(enc, inner, seed=s.seed)
+
+    @cached_property
+    def pruner(self) -> BinnedPruner:
+        p = self.spec.pruner
+        edges = bin_edges([cfg.params for cfg in self.space.configs()], p.param_bins)
+        return BinnedPruner(p.name, self.task.higher_is_better, edges, p.warmup_epochs, p.startup_trials, p.reduction_factor,
+                            p.margin, self.spec.budget.epochs)
+
+
+def load_study_spec(path: str | Path) -> Study:
+    """Load a study YAML and everything it names; every error names the file and the field."""
+    return Study(load_model(StudySpec, path), Path(path))

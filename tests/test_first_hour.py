@@ -1,0 +1,103 @@
+"""What a new user meets first: interrupts, studies with nothing measured, failed configurations run
+again, the API as quiet as the command line (issue 19, items 5-8 and 12)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from conftest import write_study
+from typer.testing import CliRunner
+
+import explorer
+from explorer.cli import _interrupted, app
+
+runner = CliRunner()
+ABSURD_LR = {"epochs": 1, "batch_size": 128, "lr": 1e12, "seed": 0}  # the loss goes to NaN: every trial fails
+
+
+def cli(*args: object) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "explorer.cli", *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def test_an_interrupt_says_how_to_go_on_for_run_and_resume_only() -> None:
+    assert _interrupted(["run", "s.yaml", "--no-dashboard"]) == "interrupted: every finished trial is stored; continue with: explorer resume s.yaml"
+    assert _interrupted(["resume", "--reclaim", "s.yaml"]).endswith("explorer resume s.yaml")
+    assert _interrupted(["status", "s.yaml"]) == "interrupted"
+
+
+def test_ctrl_c_while_starting_exits_130_and_the_study_completes_on_run(tmp_path: Path) -> None:
+    """SIGINT in the first moments (imports, opening the storage, queueing the grid) exits 130 with the
+    resume hint, never 0; whatever it left, `run` then completes the study."""
+    path = write_study(tmp_path)
+    for delay in (0.5, 2.5):
+        proc = subprocess.Popen([sys.executable, "-m", "explorer.cli", "run", str(path), "--no-dashboard"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        out = proc.communicate(timeout=120)[0]
+        if proc.returncode == 0:  # it finished before the signal: nothing to check at this delay
+            continue
+        assert proc.returncode == 130 and f"continue with: explorer resume {path}" in out, out
+    done = cli("run", path, "--no-dashboard")
+    assert done.returncode == 0 and "6/6 configurations measured" in done.stdout, done.stdout + done.stderr
+
+
+def test_a_study_whose_trials_all_failed_says_so_in_one_line_each(tmp_path: Path) -> None:
+    path = write_study(tmp_path, budget=ABSURD_LR, n_trials=2)
+    run = cli("run", path, "--no-dashboard")
+    assert run.returncode == 1 and "0/2 configurations measured (2 more failed)" in run.stdout, run.stdout + run.stderr
+    assert "runs of the" not in run.stdout  # no replicate line about zero runs
+    rec = cli("recommend", path, "--budget", "4k")
+    lines = rec.stderr.strip().splitlines()
+    assert rec.returncode == 1 and len(lines) == 1 and "no completed trial to recommend from" in lines[0], rec.stderr
+
+
+def test_retry_failed_runs_failed_configurations_again_after_the_cause_is_fixed(tmp_path: Path) -> None:
+    path = write_study(tmp_path, budget=ABSURD_LR, n_trials=2, sampler={"name": "random", "seed": 0})
+    assert cli("run", path, "--no-dashboard").returncode == 1
+    doc = yaml.safe_load(path.read_text())
+    doc["budget"]["lr"] = 0.003
+    path.write_text(yaml.safe_dump(doc))
+    forced = cli("run", path, "--force", "--no-dashboard")  # the budget changed: --force, and nothing failed is re-run
+    assert forced.returncode == 0 and "0/2 configurations measured" in forced.stdout, forced.stdout + forced.stderr
+    retried = cli("run", path, "--force", "--retry-failed", "--no-dashboard")
+    assert retried.returncode == 0, retried.stdout + retried.stderr
+    assert "queued again 2 failed configurations" in retried.stderr and "2/2 configurations measured" in retried.stdout
+    ostudy = explorer.load(path).optuna_study()
+    complete = ostudy.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    assert len(complete) == 2 and all("retry_of_failed" in t.user_attrs for t in complete)
+    again = cli("run", path, "--force", "--retry-failed", "--no-dashboard")  # nothing left to retry: nothing trains
+    assert again.returncode == 0 and "queued again" not in again.stderr
+    assert len(explorer.load(path).optuna_study().get_trials(states=(optuna.trial.TrialState.COMPLETE,))) == 2
+
+
+def test_help_has_text_for_every_option_of_run_and_resume() -> None:
+    for command in ("run", "resume"):
+        result = runner.invoke(app, [command, "--help"], terminal_width=100)
+        assert result.exit_code == 0 and "--retry-failed" in result.output
+        options = [line for line in result.output.splitlines() if line.strip().startswith(("│ --", "--"))]
+        assert options and all(len(line.split("  ")) > 1 and line.rstrip(" │").split()[-1] != "]" for line in options), result.output
+
+
+def test_the_python_api_is_as_quiet_as_the_command_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    exp = explorer.load(write_study(tmp_path, n_trials=2))
+    before = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.INFO)  # Optuna's default, as a fresh notebook has it
+    try:
+        with warnings.catch_warnings(record=True) as seen, caplog.at_level(logging.INFO, logger="optuna"):
+            warnings.simplefilter("always")
+            exp.run()
+        assert optuna.logging.get_verbosity() == optuna.logging.INFO  # the caller's setting is given back
+    finally:
+        optuna.logging.set_verbosity(before)
+    assert exp.trials()["state"].eq("COMPLETE").sum() == 2 and not [r for r in caplog.records if "finished with value" in r.getMessage()]
+    assert not [w for w in seen if issubclass(w.category, optuna.exceptions.ExperimentalWarning)]
