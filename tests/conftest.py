@@ -35,6 +35,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     _OWN["TMPDIR"].chmod(0o1777)  # like /tmp: a PostgreSQL server the tests start as `postgres` works in it
     _OWN["HOME"] = Path(tempfile.mkdtemp(prefix="xh-", dir=real))
     os.environ.update({name: str(path) for name, path in _OWN.items()})
+    for name in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        os.environ.pop(name, None)  # the user's cluster and token are not the tests' (each Ray test sets its own)
     os.environ["EXPLORER_CACHE_DIR"] = str(base / "explorer-cache")
     tempfile.tempdir = None  # read $TMPDIR again
 
