@@ -592,11 +592,13 @@ def render(frames: dict[str, pd.DataFrame], out: Path, meta: dict[str, dict]) ->
 def default_output(study_yaml: Path, names: Sequence[str]) -> Path:
     """Where a dashboard goes without `--out`: relative to the (first) study file, like every path.
 
-    A study in the repository's `studies/` folder writes `../dashboards/NAME.html` (the `dashboards/`
-    beside it); a study elsewhere writes `dashboards/NAME.html` in its own folder.
+    The nearest folder named `studies` at or above the study decides: `dashboards/NAME.html` beside
+    it, so `studies/x.yaml` and `studies/hf/x.yaml` both write to the one `dashboards/`; a study with
+    no `studies` folder above it writes `dashboards/NAME.html` in its own folder.
     """
     folder = Path(study_yaml).resolve().parent
-    root = folder.parent if folder.name == "studies" else folder
+    studies = next((p for p in (folder, *folder.parents) if p.name == "studies"), None)
+    root = studies.parent if studies else folder
     return root / "dashboards" / ("+".join(names) + ".html")
 
 

@@ -35,7 +35,6 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
-from scipy.stats import norm
 
 from explorer.space import Config, SearchSpace
 
@@ -312,6 +311,8 @@ class BudgetSampler(BaseSampler):
 
     def _acquisition(self, mean: np.ndarray, sd: np.ndarray, measured: np.ndarray) -> np.ndarray:
         """Σ over budgets b ≥ cost(x) of weight(b) · EI(x; best posterior mean among measured within b)."""
+        from scipy.stats import norm  # here, beside the GP that needs it: scipy.stats takes ~1 s to import
+
         believed = mean[measured]
         costs = self.cost[measured]
         floor = believed.min()

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+from scipy.special import stdtr, stdtrit  # Student t cdf and quantile: scipy.stats takes ~1 s to import
 
 from explorer.pareto import pareto_mask
 
@@ -82,7 +82,7 @@ def mean_interval(values: Sequence[float], level: float = LEVEL, pooled: Pooled 
     n = len(x)
     var, dof = _moderated(float(np.var(x, ddof=1)) if n > 1 else 0.0, n, pooled)
     se = float(np.sqrt(var / n)) if dof > 0 else float("nan")
-    half = float(stats.t.ppf(0.5 + level / 2, dof) * se) if dof > 0 else float("nan")
+    half = float(stdtrit(dof, 0.5 + level / 2) * se) if dof > 0 else float("nan")
     return Interval(float(np.mean(x)), half, dof, se)
 
 
@@ -136,8 +136,8 @@ def compare(a: dict[int, float], b: dict[int, float], higher_is_better: bool = T
         return Comparison(diff, float("nan"), n, float("nan"))
     if se == 0:
         return Comparison(diff, 0.0, n, float(diff > 0) if diff != 0 else 0.5)
-    half = float(stats.t.ppf(0.5 + level / 2, dof) * se)
-    return Comparison(diff, half, n, float(stats.t.cdf(diff / se, dof)))
+    half = float(stdtrit(dof, 0.5 + level / 2) * se)
+    return Comparison(diff, half, n, float(stdtr(dof, diff / se)))
 
 
 def summarize(frame: pd.DataFrame, metric: str, objectives: Sequence[tuple[str, str]], level: float = LEVEL,

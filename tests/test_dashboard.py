@@ -16,7 +16,7 @@ import optuna
 import pytest
 from test_pareto import HEADS, LAYERS, MLP, WIDTH, accuracy_of, dims_of, fill_study, key_of, make_study, params_of
 
-from explorer.dashboard import FIGURES, NO_INTERVALS, render, render_studies
+from explorer.dashboard import FIGURES, NO_INTERVALS, default_output, render, render_studies
 from explorer.frame import trials_frame
 from explorer.stats import summarize
 from explorer.study import load_study_spec
@@ -210,6 +210,29 @@ def test_render_a_lower_is_better_metric(tmp_path: Path) -> None:
     front = frame[frame["state"] == "COMPLETE"].sort_values("eval_loss").iloc[0]  # best loss: always on the front
     row = re.search(rf"<tr><td>lm</td><td>{front['number']}</td>.*?</tr>", page).group(0)
     assert "<td>yes</td>" in row and page.count("Plotly.newPlot(") == len(FIGURES)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("study, lands", [
+    ("studies/x.yaml", "dashboards/x.html"),
+    ("studies/hf/x.yaml", "dashboards/x.html"),  # the nearest `studies` above decides, not the YAML's own folder
+    ("proj/studies/deep/er/x.yaml", "proj/dashboards/x.html"),
+    ("elsewhere/x.yaml", "elsewhere/dashboards/x.html"),
+])
+def test_default_output_is_beside_the_nearest_studies_folder(tmp_path: Path, study: str, lands: str) -> None:
+    assert default_output(tmp_path / study, ["x"]) == tmp_path / lands
+
+
+def test_every_shipped_study_writes_to_the_one_dashboards_folder_and_no_html_is_shipped() -> None:
+    studies = sorted((ROOT / "studies").rglob("*.yaml"))
+    assert {default_output(path, ["n"]).parent for path in studies} == {ROOT / "dashboards"}
+    try:
+        tracked = subprocess.run(["git", "ls-files", "dashboards"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout: which files are shipped is unknown")
+    assert tracked and not [f for f in tracked if f.endswith(".html")], tracked
 
 
 def test_render_studies_reads_the_yaml_and_its_storage(tmp_path: Path) -> None:

@@ -220,6 +220,7 @@ def test_timm_named_counts(family: str, dims: dict, millions: float) -> None:
 
 def test_timm_counts_are_cached_on_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Counted once, a timm count is read back by a later process without building; a corrupt file is rewritten."""
+    monkeypatch.delenv("EXPLORER_CACHE_DIR")  # the suite's own cache folder (conftest)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     fam, dims = get_family("timm-vit"), {**SMALL_TIMM["timm-vit"], "num_classes": 5}
     params, flops = fam.params(dims), fam.flops(dims)
@@ -231,15 +232,27 @@ def test_timm_counts_are_cached_on_disk(tmp_path: Path, monkeypatch: pytest.Monk
         raise AssertionError("built a model although its count is on disk")
 
     monkeypatch.setattr(timm_adapters, "_COUNTS", _disk_cache.DiskCounts())  # a new process: empty memory
-    monkeypatch.setattr(timm_adapters.timm, "create_model", no_build)
+    monkeypatch.setattr(timm, "create_model", no_build)
     assert (fam.params(dims), fam.flops(dims)) == (params, flops)
 
     monkeypatch.undo()
+    monkeypatch.delenv("EXPLORER_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(timm_adapters, "_COUNTS", _disk_cache.DiskCounts())
     path.write_text('{"params vit_small_patch16_224": ')  # a write cut short
     assert fam.params(dims) == params
     assert list(json.loads(path.read_text()).values()) == [params]
+
+
+def test_cache_folder_is_explorer_cache_dir_then_xdg_then_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EXPLORER_CACHE_DIR", str(tmp_path / "own"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert _disk_cache.cache_file().parent == tmp_path / "own"
+    monkeypatch.delenv("EXPLORER_CACHE_DIR")
+    assert _disk_cache.cache_file().parent == tmp_path / "xdg" / "explorer"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert _disk_cache.cache_file().parent == tmp_path / "home" / ".cache" / "explorer"
 
 
 def test_timm_flops_match_published_macs() -> None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -87,34 +88,35 @@ def mutate(doc: Any, data: st.DataObject, top: bool = True) -> Any:
     return data.draw(documents)
 
 
-def workdir() -> Path:
-    """A copy of spaces/ and studies/ layout (studies name spaces as ../spaces/X.yaml)."""
-    tmp = Path(tempfile.mkdtemp(prefix="fuzz-"))
-    shutil.copytree(ROOT / "spaces", tmp / "spaces")
-    (tmp / "studies").mkdir()
-    return tmp
+@contextmanager
+def workdir(base: Path) -> Iterator[Path]:
+    """A copy of the spaces/ and studies/ layout (studies name spaces as ../spaces/X.yaml) inside
+    pytest's `base`, one per example, removed afterwards even when the example fails."""
+    with tempfile.TemporaryDirectory(dir=base) as name:
+        tmp = Path(name)
+        shutil.copytree(ROOT / "spaces", tmp / "spaces")
+        (tmp / "studies").mkdir()
+        yield tmp
 
 
 @FUZZ
 @given(text=st.text(max_size=300) | st.binary(max_size=300).map(lambda b: b.decode("latin-1")))
-def test_random_text(text: str) -> None:
-    tmp = workdir()
-    for name, load, valid in (("spaces/x.yaml", load_space, valid_space), ("studies/x.yaml", load_study_spec, valid_study)):
-        path = tmp / name
-        path.write_text(text, errors="surrogateescape")
-        check(load, path, valid)
-    shutil.rmtree(tmp)
+def test_random_text(tmp_path: Path, text: str) -> None:
+    with workdir(tmp_path) as tmp:
+        for name, load, valid in (("spaces/x.yaml", load_space, valid_space), ("studies/x.yaml", load_study_spec, valid_study)):
+            path = tmp / name
+            path.write_text(text, errors="surrogateescape")
+            check(load, path, valid)
 
 
 @FUZZ
 @given(doc=mappings | documents)
-def test_random_documents(doc: Any) -> None:
-    tmp = workdir()
-    for name, load, valid in (("spaces/x.yaml", load_space, valid_space), ("studies/x.yaml", load_study_spec, valid_study)):
-        path = tmp / name
-        path.write_text(yaml.safe_dump(doc))
-        check(load, path, valid)
-    shutil.rmtree(tmp)
+def test_random_documents(tmp_path: Path, doc: Any) -> None:
+    with workdir(tmp_path) as tmp:
+        for name, load, valid in (("spaces/x.yaml", load_space, valid_space), ("studies/x.yaml", load_study_spec, valid_study)):
+            path = tmp / name
+            path.write_text(yaml.safe_dump(doc))
+            check(load, path, valid)
 
 
 @pytest.mark.parametrize("folder, sources, load, valid", [
@@ -124,13 +126,12 @@ def test_random_documents(doc: Any) -> None:
 ])
 @FUZZ
 @given(data=st.data())
-def test_mutated_shipped_files(folder: str, sources: list[Path], load: Callable, valid: Callable, data: st.DataObject) -> None:
-    tmp = workdir()
-    source = data.draw(st.sampled_from(sources))
-    path = tmp / folder / source.name
-    path.write_text(yaml.safe_dump(mutate(yaml.safe_load(source.read_text()), data)))
-    check(load, path, valid)
-    shutil.rmtree(tmp)
+def test_mutated_shipped_files(folder: str, sources: list[Path], load: Callable, valid: Callable, data: st.DataObject, tmp_path: Path) -> None:
+    with workdir(tmp_path) as tmp:
+        source = data.draw(st.sampled_from(sources))
+        path = tmp / folder / source.name
+        path.write_text(yaml.safe_dump(mutate(yaml.safe_load(source.read_text()), data)))
+        check(load, path, valid)
 
 
 VIT = yaml.safe_load((ROOT / "spaces" / "vit-digits.yaml").read_text())
@@ -169,11 +170,10 @@ STUDY = yaml.safe_load((ROOT / "studies" / "digits-vit-trade.yaml").read_text())
     ("studies", {**STUDY, "task": {"name": "digits", "img_sise": 8}}, "task.img_sise: unknown field (did you mean img_size?)"),
     ("studies", {**STUDY, "colour": 1}, "colour: unknown field (known: name, space, task, budget, replicates, objectives"),
 ], ids=["space-top", "space-nested", "study-missing-field", "study-budget", "study-executor", "study-task", "study-no-match"])
-def test_unknown_key_is_named_first_with_its_close_match(folder: str, doc: dict, words: str) -> None:
-    tmp = workdir()
-    path = tmp / folder / "x.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    with pytest.raises(ExplorerError) as info:
-        (load_space if folder == "spaces" else load_study_spec)(path)
-    assert str(info.value).startswith(f"{path}: {words}"), str(info.value)
-    shutil.rmtree(tmp)
+def test_unknown_key_is_named_first_with_its_close_match(tmp_path: Path, folder: str, doc: dict, words: str) -> None:
+    with workdir(tmp_path) as tmp:
+        path = tmp / folder / "x.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        with pytest.raises(ExplorerError) as info:
+            (load_space if folder == "spaces" else load_study_spec)(path)
+        assert str(info.value).startswith(f"{path}: {words}"), str(info.value)

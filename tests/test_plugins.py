@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -58,13 +59,25 @@ def registries(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, "my_models", raising=False)
 
 
-@pytest.mark.slow  # a fresh interpreter: imports torch, optuna and explorer again
+def build_and_install(project: Path, site: Path) -> Path:
+    """The README's package built into a wheel by setuptools (the PEP 517 backend pip calls) and
+    unpacked into `site`: what `pip install` leaves, without pip's network session."""
+    built = subprocess.run([sys.executable, "-c", "import setuptools.build_meta as b; print(b.build_wheel('dist'))"],
+                           cwd=project, check=True, capture_output=True, text=True).stdout.split()[-1]
+    with zipfile.ZipFile(project / "dist" / built) as wheel:
+        wheel.extractall(site)
+    return site
+
+
+@pytest.mark.slow  # a wheel build and a fresh interpreter (torch, optuna and explorer imported again)
 def test_readme_plugin_package_runs_a_study_from_its_entry_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                   registries: None) -> None:
-    site = install(tmp_path / "site")
     files = readme_files()
-    for name in ("parity-space.yaml", "parity-study.yaml"):
-        (tmp_path / name).write_text(files[name])
+    for name, body in files.items():
+        (tmp_path / name).write_text(body)
+    (tmp_path / "dashboards").mkdir()  # what an earlier run leaves beside the module: setuptools must not package it
+    (tmp_path / "dashboards" / "parity.html").write_text("<html></html>")
+    site = build_and_install(tmp_path, tmp_path / "site")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)]), "OMP_NUM_THREADS": "1"}
     result = subprocess.run([sys.executable, "-m", "explorer", "run", str(tmp_path / "parity-study.yaml"), "--no-dashboard"],
                             capture_output=True, text=True, env=env, cwd=tmp_path)

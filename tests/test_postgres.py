@@ -69,15 +69,16 @@ def server() -> Iterator[Server]:
         owner = os.environ.get("EXPLORER_TEST_PGUSER")
         yield Server(url, os.environ.get("EXPLORER_TEST_PGDATA"), ["runuser", "-u", owner, "--"] if owner else [])
         return
-    root = Path(tempfile.mkdtemp(prefix="explorer-pg-"))
     as_owner: list[str] = []
     if os.geteuid() == 0:  # initdb refuses to run as root: the cluster belongs to the `postgres` user
         try:
             user = pwd.getpwnam("postgres")
         except KeyError:
             pytest.skip("no PostgreSQL server can be started here: running as root and there is no `postgres` user")
-        os.chown(root, user.pw_uid, user.pw_gid)
         as_owner = ["runuser", "-u", "postgres", "--"]
+    root = Path(tempfile.mkdtemp(prefix="explorer-pg-"))  # short: the server's socket lives here
+    if as_owner:
+        os.chown(root, user.pw_uid, user.pw_gid)
     secret = root / "password"
     secret.write_text("explorer-test\n")
     if as_owner:

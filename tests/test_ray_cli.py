@@ -2,9 +2,10 @@
 second node), a study run on it with `explorer run --address`, and the worker node stopped mid-study.
 
 Each `ray start` runs with `--block` in its own process group, so the test stops exactly the nodes it
-started (its raylet and Ray's own daemons are in that group) (never a blanket `ray stop`, which would stop every Ray on the machine). Ray 2.60 enables
-token authentication when a token exists (~/.ray/auth_token) but a joining node only sends it when
-RAY_AUTH_MODE=token is set: the test sets it for every Ray process, as the README says.
+started (its raylet and Ray's own daemons are in that group), never a blanket `ray stop`, which would
+stop every Ray on the machine. The cluster uses token authentication as the README advises: the test
+writes a throwaway token in its temp dir and gives every Ray process RAY_AUTH_MODE=token and
+RAY_AUTH_TOKEN_PATH, so it runs the same whether or not the user has a ~/.ray/auth_token (never read).
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import json
 import os
 import shutil
 import signal
+import secrets
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -27,16 +30,25 @@ from conftest import write_study
 
 pytest.importorskip("ray")
 
-ENV = {**os.environ, "RAY_AUTH_MODE": "token", "OMP_NUM_THREADS": "1"}
 EXECUTOR = {"name": "ray", "cpu": 1, "max_concurrent": 2, "max_failures": 3, "storage_path": "ray-results"}
 
 
-def ray_node(args: list[str], log: Path) -> subprocess.Popen:
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    """The environment of every Ray process here: token mode with this test's own token."""
+    token = tmp_path / "auth_token"
+    token.write_text(secrets.token_hex(32))
+    token.chmod(0o600)
+    base = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"}  # it would win over the file
+    return {**base, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "OMP_NUM_THREADS": "1"}
+
+
+def ray_node(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
     """`ray start ... --block` in a process group of its own; returns once the node is up."""
     ray = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
     out = log.open("w")
     proc = subprocess.Popen([ray, "start", *args, "--num-cpus", "1", "--disable-usage-stats", "--block"],
-                            env=ENV, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     while "Ray runtime started" not in log.read_text():
         assert proc.poll() is None, log.read_text()[-2000:]
         time.sleep(0.2)
@@ -59,13 +71,13 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 @pytest.fixture
-def head(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+def head(tmp_path: Path, env: dict[str, str]) -> Iterator[tuple[str, Path]]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    temp = Path(f"/tmp/explorer-ray-{port}")  # Ray's socket paths must stay short: not under pytest's tmp_path
+    temp = Path(tempfile.gettempdir()) / f"ray-{port}"  # Ray's socket paths must stay short: not under tmp_path
     proc = ray_node(["--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--temp-dir", str(temp),
-                     "--include-dashboard", "false"], tmp_path / "head.log")
+                     "--include-dashboard", "false"], tmp_path / "head.log", env)
     try:
         yield f"127.0.0.1:{port}", temp
     finally:
@@ -74,14 +86,14 @@ def head(tmp_path: Path) -> Iterator[tuple[str, Path]]:
 
 
 @pytest.mark.slow
-def test_a_study_on_a_cli_cluster_survives_its_worker_node_stopping(head: tuple[str, Path], tmp_path: Path) -> None:
+def test_a_study_on_a_cli_cluster_survives_its_worker_node_stopping(head: tuple[str, Path], env: dict[str, str], tmp_path: Path) -> None:
     address, _ = head
-    worker = ray_node(["--address", address], tmp_path / "worker.log")
+    worker = ray_node(["--address", address], tmp_path / "worker.log", env)
     try:
         budget = {"epochs": 4, "batch_size": 16, "lr": 0.003, "seed": 0}
         path = write_study(tmp_path, budget=budget, executor=EXECUTOR)  # a grid of 6
         driver = subprocess.Popen([sys.executable, "-m", "explorer.cli", "run", str(path), "--address", address, "--no-dashboard"],
-                                  env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         while True:  # until a trial on the worker node has checkpointed an epoch
             assert driver.poll() is None, driver.stdout.read()
             rows = _results(tmp_path / "ray-results")

@@ -1,7 +1,8 @@
 """Counts that are slow to compute (timm models built on the meta device) kept on disk between runs.
 
-One JSON file of `key -> int` per timm and torch version, in `$XDG_CACHE_HOME/explorer` (default
-`~/.cache/explorer`): a new timm or torch gets a fresh file, since either may change a count.
+One JSON file of `key -> int` per timm and torch version, in `$EXPLORER_CACHE_DIR`, else
+`$XDG_CACHE_HOME/explorer`, else `~/.cache/explorer`: a new timm or torch gets a fresh file, since
+either may change a count.
 Writes are atomic (a temporary file renamed over the old one) and merge what other processes
 wrote meanwhile; a corrupt or unreadable file is ignored and rewritten, and a cache directory that
 cannot be written only costs the recomputation.
@@ -15,14 +16,15 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-import timm
 import torch
 
 
 def cache_file() -> Path:
     """Where the counts live now (read from the environment on every call, so tests can move it)."""
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "explorer" / f"timm-counts-{timm.__version__}-torch-{torch.__version__}.json"
+    import timm  # only a timm count gets here; `explorer` starts without timm
+
+    folder = os.environ.get("EXPLORER_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "explorer"
+    return Path(folder) / f"timm-counts-{timm.__version__}-torch-{torch.__version__}.json"
 
 
 def _read(path: Path) -> dict[str, int]:

@@ -14,13 +14,12 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+from types import ModuleType
 from typing import Any, ClassVar
 
-import timm
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from explorer.families import Dims, Family, register
 from explorer.families._disk_cache import DiskCounts
@@ -28,6 +27,14 @@ from explorer.families._transformer import check_heads
 
 Kwargs = tuple[tuple[str, Any], ...]
 _COUNTS = DiskCounts()  # parameter counts, FLOPs and default widths, by model and kwargs
+
+
+def _timm() -> ModuleType:
+    """timm, imported on first use: it imports torchvision (seconds), which commands that touch no
+    timm family (`status`, `params` of an own family) should not pay for."""
+    import timm
+
+    return timm
 
 
 class TimmDims(BaseModel):
@@ -51,16 +58,16 @@ class TimmDims(BaseModel):
     @classmethod
     def _known(cls, model: str) -> str:
         """A model of this family, or one line saying what is wrong: another family's model, or a typo."""
-        if model.startswith(cls.prefix) and timm.is_model(model):
+        if model.startswith(cls.prefix) and _timm().is_model(model):
             return model
         example = cls.model_fields["model"].default
-        if timm.is_model(model):
+        if _timm().is_model(model):
             families = TimmFamily.__subclasses__()
             other = next((f.name for f in families if model.startswith(f.Dims.prefix)), None)
             fix = f"set family: {other}" if other else "explorer's timm families: " + ", ".join(f"{f.name} ({f.Dims.prefix}*)" for f in families)
             raise ValueError(f"model {model!r} is not a {cls.prefix}* model, the ones whose depth and heads this "
                              f"family varies (e.g. {example}); {fix}")
-        close = difflib.get_close_matches(model, timm.list_models(f"{cls.prefix}*"), n=3)
+        close = difflib.get_close_matches(model, _timm().list_models(f"{cls.prefix}*"), n=3)
         hint = f"did you mean {', '.join(close)}?" if close else f"see timm.list_models('{cls.prefix}*'), e.g. {example}"
         raise ValueError(f"model {model!r} is not a timm model; {hint}")
 
@@ -125,13 +132,13 @@ class DavitDims(TimmDims):
 def _meta_default(model: str) -> nn.Module:
     """The named model as timm defines it, on the meta device: where unset dims read their defaults."""
     with torch.device("meta"):
-        return timm.create_model(model, pretrained=False)
+        return _timm().create_model(model, pretrained=False)
 
 
 def _meta_params(model: str, kwargs: Kwargs) -> int:
     def count() -> int:
         with torch.device("meta"):
-            net = timm.create_model(model, pretrained=False, **dict(kwargs))
+            net = _timm().create_model(model, pretrained=False, **dict(kwargs))
         return sum(p.numel() for p in net.parameters())
 
     return _COUNTS.get(f"params {model} {json.dumps(kwargs)}", count)
@@ -139,8 +146,10 @@ def _meta_params(model: str, kwargs: Kwargs) -> int:
 
 def _meta_flops(model: str, kwargs: Kwargs, in_chans: int, img_size: int) -> int:
     def count() -> int:
+        from torch.utils.flop_counter import FlopCounterMode  # imports triton where installed: a quarter second
+
         with torch.device("meta"):
-            net = timm.create_model(model, pretrained=False, **dict(kwargs))
+            net = _timm().create_model(model, pretrained=False, **dict(kwargs))
         counter = FlopCounterMode(display=False)
         with counter, torch.no_grad():
             net(torch.empty(1, in_chans, img_size, img_size, device="meta"))
@@ -186,7 +195,7 @@ class TimmFamily(Family):
 
     def build(self, dims: Dims) -> nn.Module:
         model, kwargs, _ = self._key(dims)
-        return timm.create_model(model, pretrained=False, **dict(kwargs))
+        return _timm().create_model(model, pretrained=False, **dict(kwargs))
 
 
 @register
