@@ -120,7 +120,7 @@ def decide(table: pd.DataFrame, budget: int, pick: str, baseline_key: str | None
 
     In order: the smallest configuration within the budget (no larger than the baseline, best mean
     first among equal sizes) not worse than the baseline by more than `delta`; the pick beating the
-    baseline; the pick beating every other configuration within the budget (said against the closest);
+    baseline, or the baseline beating the pick (the budget costs accuracy); the pick beating every other configuration within the budget (said against the closest);
     the smallest configuration no larger than the pick equivalent to it. Comparisons against the
     baseline are simultaneous over the candidates compared with it, those against the pick over the
     others within the budget. Undecided: the pair (the pick and the runner-up, or the baseline) that
@@ -148,6 +148,8 @@ def decide(table: pd.DataFrame, budget: int, pick: str, baseline_key: str | None
                 break
         if pick != baseline_key and (c := cmp(pick, baseline_key, len(candidates))).beats():
             out.append(Decision("beats", pick, baseline_key, c, delta))
+        elif pick != baseline_key and c.worse():  # the budget costs accuracy: the baseline beats the best within it
+            out.append(Decision("beats", baseline_key, pick, cmp(baseline_key, pick, len(candidates)), delta))
     versus = {k: cmp(pick, k, len(others)) for k in others}
     if versus and all(c.beats() for c in versus.values()):
         closest = min(versus, key=lambda k: versus[k].diff)

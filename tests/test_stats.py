@@ -102,6 +102,7 @@ def test_decide_says_non_inferior_beats_equivalent_or_how_many_seeds() -> None:
     assert [(d.kind, d.a, d.b) for d in said] == [("non-inferior", "c02", "c04"), ("beats", "c03", "c04"),
                                                    ("beats", "c03", "c02")]
     assert "c02 is the smallest configuration not worse than the baseline c04 by more than 0.5 points" in said[0].words()
+    assert [(d.kind, d.a, d.b) for d in decide(table, 100, "c00", "c04", True, 0.005)] == [("beats", "c04", "c00")]  # the budget costs accuracy
     noisy = np.array([[0.9, 0.95, 0.85], [0.91, 0.86, 0.93], [0.88, 0.9, 0.92]])
     table = stats.summarize(frame(noisy), "accuracy", OBJECTIVES, draws=0)
     undecided = decide(table, 3000, "c01", None, True, 0.005)
@@ -129,3 +130,4 @@ def test_decision_spec_budgets() -> None:
     assert len(at) == 10 and at[0] == 1000 and at[-1] == 100000
     assert DecisionSpec(budgets=["50k", "baseline"]).budget_list([1], 80000) == [50000, 80000]
     assert spec.margin(True, 0.9) == 0.005 and spec.margin(False, 2.0) == pytest.approx(0.02)
+
