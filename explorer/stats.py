@@ -285,7 +285,7 @@ def compare(a: dict[int, float], b: dict[int, float], higher_is_better: bool = T
 
 
 def summarize(frame: pd.DataFrame, metric: str, objectives: Sequence[tuple[str, str]], level: float = LEVEL,
-              draws: int = FRONT_DRAWS, seed: int = 0) -> pd.DataFrame:
+              draws: int = FRONT_DRAWS, seed: int = 0, first_seed: int = 0) -> pd.DataFrame:
     """One row per configuration from a `trials_frame`'s completed measurements.
 
     Columns: arch, the dimensions, params (and any other objective, averaged), n, seeds, values (by
@@ -293,7 +293,8 @@ def summarize(frame: pd.DataFrame, metric: str, objectives: Sequence[tuple[str, 
     tied_with: for a configuration off the front, the front member dominating it that it is tied with
     (no evidence that either is better), so it is marked rather than hidden. Without any replicate the
     interval columns and front_prob are NaN: a one-seed study has no interval (front_prob is NaN with
-    `draws=0` too, for callers that do not need it).
+    `draws=0` too, for callers that do not need it). A trial stored before seeds existed (no `seed`)
+    trained with the study's first seed: it is read as `first_seed`.
     """
     done = frame[frame["state"] == "COMPLETE"].dropna(subset=[metric])
     if "duplicate_of" in done:
@@ -302,8 +303,8 @@ def summarize(frame: pd.DataFrame, metric: str, objectives: Sequence[tuple[str, 
         return pd.DataFrame(columns=["arch", "params", "n", "mean", "std", "lo", "hi", "front_prob", "on_front", "tied_with"])
     directions = dict(objectives)
     higher = directions.get(metric, "maximize") == "maximize"
-    seed_of = done["seed"] if "seed" in done else pd.Series(0, index=done.index)
-    done = done.assign(seed=seed_of.fillna(0).astype(int)).drop_duplicates(["arch", "seed"])
+    seed_of = done["seed"] if "seed" in done else pd.Series(first_seed, index=done.index)
+    done = done.assign(seed=seed_of.fillna(first_seed).astype(int)).drop_duplicates(["arch", "seed"])
     groups = {key: dict(zip(g["seed"], g[metric].astype(float))) for key, g in done.groupby("arch", sort=False)}
     noise = NoiseModel({k: list(v.values()) for k, v in groups.items()})
     rows = []
@@ -376,15 +377,17 @@ def _dominates(a: pd.Series, b: pd.Series, metric: str, objectives: Sequence[tup
 
 def _ties(table: pd.DataFrame, groups: dict[str, dict[int, float]], metric: str, objectives: Sequence[tuple[str, str]],
           higher: bool, level: float, noise: NoiseModel | None) -> list[str | None]:
-    """For each off-front configuration, the cheapest front member dominating it that it is tied with."""
+    """For each off-front configuration, the cheapest front member dominating it (its mean at least as good, and
+    every other objective) that it is tied with: a cheaper member with a worse mean does not dominate it."""
     front = table[table["on_front"]].sort_values("params")
     out: list[str | None] = []
     for _, row in table.iterrows():
         tied = None
         if not row["on_front"] and noise is not None:
             for _, f in front.iterrows():
+                better = f["mean"] >= row["mean"] if higher else f["mean"] <= row["mean"]
                 prior = noise.prior(f["arch"], row["arch"])
-                if _dominates(f, row, metric, objectives) and compare(groups[f["arch"]], groups[row["arch"]], higher, level, prior).tied:
+                if better and _dominates(f, row, metric, objectives) and compare(groups[f["arch"]], groups[row["arch"]], higher, level, prior).tied:
                     tied = f["arch"]
                     break
         out.append(tied)

@@ -131,3 +131,18 @@ def test_decision_spec_budgets() -> None:
     assert DecisionSpec(budgets=["50k", "baseline"]).budget_list([1], 80000) == [50000, 80000]
     assert spec.margin(True, 0.9) == 0.005 and spec.margin(False, 2.0) == pytest.approx(0.02)
 
+
+def test_tied_with_names_only_a_front_member_that_dominates() -> None:
+    """Defect 6: 'tied with a front member dominating it' named a cheaper member with a lower mean."""
+    values = np.array([[0.93, 0.98, 0.935], [0.96, 0.97, 0.98], [0.95, 0.975, 0.96]])  # c02 off the front (c01 beats it)
+    table = stats.summarize(frame(values, [100, 200, 300]), "accuracy", OBJECTIVES, draws=0).set_index("arch")
+    assert not table.loc["c02", "on_front"] and table.loc["c00", "mean"] < table.loc["c02", "mean"]
+    assert table.loc["c02", "tied_with"] == "c01"  # not c00, cheaper but worse
+
+
+def test_trials_without_a_seed_read_as_the_first_seed() -> None:
+    """Defect 6: a trial stored before seeds existed trained with the study's first seed (Study.seed_of);
+    summarize read it as seed 0, so with seeds 3-5 it was unpaired with every seed-3 replicate."""
+    df = frame(np.array([[0.9], [0.8]])).assign(seed=[np.nan, 3])
+    table = stats.summarize(df, "accuracy", OBJECTIVES, draws=0, first_seed=3)
+    assert list(table["seeds"]) == [[3], [3]]
