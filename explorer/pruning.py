@@ -6,14 +6,19 @@ can still be on the Pareto front. Two ways to be fair to it:
 
 - `dominated` (explorer's own): a trial is stopped when, even with the largest gain any complete trial
   of its parameter bin made from this epoch to the end, it would still finish more than `margin` below
-  a complete configuration with no more parameters. Such a trial can answer no budget question (a
-  cheaper configuration beats it), so only trials that cannot reach the budget front are stopped.
-  Comparing metrics at the same epoch instead stopped the big models, which learn slower early
-  (bench/search.py; see the README).
+  a complete configuration with no more parameters, that configuration's mean over its complete seeds
+  less a noise allowance: `NOISE_Z` x `noise` (the replicate sd) x sqrt(1 + 1/n), the one-sided 95%
+  bound of the difference between one run of the trial and a mean of n. Such a trial can answer no
+  budget question (a cheaper configuration beats it), so only trials that cannot reach the budget front
+  are stopped. Comparing single seeds instead pruned true-front configurations after one unlucky run
+  of a cheaper one (12 of 253 prunes in replays); comparing metrics at the same epoch stopped the big
+  models, which learn slower early (bench/search.py; see the README).
 - `median` and `successive-halving`: a trial is compared only with trials in its own parameter bin
   (quantile bins over the space's feasible configurations).
 
-A trial is never compared with its own configuration's other seeds (replicates).
+A trial is never compared with its own configuration's other seeds (replicates). A pruned configuration
+is not gone: `pruned_within` lists those within a budget, and `come_back` says which the evidence that
+stopped them no longer supports (the queue runs them again).
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
+
+NOISE_Z = 1.645  # one-sided 95%
 
 
 def bin_edges(params: Sequence[int], bins: int) -> np.ndarray:
@@ -46,7 +54,8 @@ class BinnedPruner:
 
     dominated: after `warmup` epochs and once `startup` peers of its bin completed all `epochs`, prune
     a trial whose metric plus the largest gain those peers made after this epoch is still more than
-    `margin` (metric units) below the final metric of a complete peer with no more parameters.
+    `margin` (metric units) below a configuration with no more parameters: the mean of its complete
+    peers' final metrics less the noise allowance.
     median: after `warmup` epochs and once `startup` peers reached this epoch, prune a trial worse than
     the median of its peers at the same epoch. successive-halving: at rungs warmup * eta**k, keep the
     best 1/eta of the trial and its peers.
@@ -60,6 +69,7 @@ class BinnedPruner:
     eta: int = 2
     margin: float = 0.0
     epochs: int | None = None  # of a complete trial; `dominated` needs it
+    noise: float = 0.0  # dominated: the replicate sd of the final metric (metric units); 0 trusts single runs
 
     def bin(self, params: int) -> int:
         return int(np.searchsorted(self.edges, params, side="right"))
@@ -75,7 +85,11 @@ class BinnedPruner:
         if self.rule == "dominated":
             done = [p for p in peers if len(p.curve) == self.epochs and np.isfinite(p.curve[-1])]
             gains = [sign * (p.curve[-1] - p.curve[epoch - 1]) for p in done if self.bin(p.params) == mine]
-            cheaper = [sign * p.curve[-1] for p in done if p.params <= params]
+            finals: dict[object, list[float]] = {}
+            for i, p in enumerate(done):
+                if p.params <= params:
+                    finals.setdefault(p.key if p.key is not None else i, []).append(sign * p.curve[-1])
+            cheaper = [np.mean(v) - NOISE_Z * self.noise * np.sqrt(1 + 1 / len(v)) for v in finals.values()]
             return len(gains) >= self.startup and bool(cheaper) and sign * value + max(gains) + self.margin < max(cheaper)
         at_epoch = np.array([p.curve[epoch - 1] for p in peers if self.bin(p.params) == mine], dtype=float)
         if self.rule == "median":
@@ -88,3 +102,23 @@ class BinnedPruner:
         better = int(np.sum(sign * at_epoch > sign * value))
         keep = max(1, (len(at_epoch) + 1) // self.eta)
         return better >= keep
+
+
+def pruned_within(frame: pd.DataFrame, budget: int) -> list[str]:
+    """Configurations of a `trials_frame` within `budget` parameters that were pruned and never completed."""
+    within = frame[frame["params"] <= budget]
+    complete = set(within.loc[within["state"] == "COMPLETE", "arch"])
+    return sorted(set(within.loc[within["state"] == "PRUNED", "arch"]) - complete)
+
+
+def come_back(pruner: BinnedPruner, frame: pd.DataFrame) -> list[str]:
+    """Pruned, never completed configurations of a `trials_frame` that `pruner` would no longer stop at
+    the epoch it stopped them, given the complete trials now stored: their peers' evidence weakened
+    (more seeds of a cheaper configuration lowered its mean), so they should run again."""
+    peers = [Peer(int(r.params), list(r.curve), r.arch) for r in frame.itertuples() if r.state == "COMPLETE" and len(r.curve)]
+    out = []
+    for key in pruned_within(frame, int(frame["params"].max()) if len(frame) else 0):
+        rows = frame[(frame["arch"] == key) & (frame["state"] == "PRUNED")]
+        if not any(pruner.should_prune(len(r.curve), r.curve[-1], int(r.params), peers, key) for r in rows.itertuples() if len(r.curve)):
+            out.append(key)
+    return out

@@ -1,9 +1,13 @@
 """The best (layers, heads[, mlp]) split for a parameter budget: measured, or predicted and marked so.
 
 Measured: the configuration with the best mean over its replicate seeds within the budget, with its
-interval, the configurations tied with it (explorer.stats: no evidence that either is better) and the
-smallest of those, and the baseline as a paired difference. It says "beats" only where the interval
-excludes zero. Predicted: when a feasible configuration inside the budget was never run, a
+interval, the baseline as a paired difference, and a decision (`decide`): one of "X is the smallest
+configuration not worse than the baseline by more than delta", "X beats Y by d ± h", "X and Y are
+equivalent within delta", or "undecided: about N more seeds of X and Y would decide it". The pick is the
+best of many, so every comparison it makes is at a level simultaneous over the comparisons it chooses
+among (Bonferroni, explorer.stats.compare's `family`): with 24 equal configurations a per-comparison 95%
+interval says the best "beats" the baseline in 13% of studies (bench/coverage.py). Configurations tied
+with the pick are counted, and listed only on request. Predicted: when a feasible configuration inside the budget was never run, a
 least-squares surface fitted on every measurement (each replicate a row, so the replicate noise is in
 its residual) at fixed width,
 
@@ -23,10 +27,11 @@ from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
 from scipy.special import stdtrit  # Student t quantile: scipy.stats takes ~1 s to import
 
 from explorer.errors import ExplorerError
-from explorer.stats import Comparison, compare, groups_of, summarize
+from explorer.stats import LEVEL, Comparison, NoiseModel, compare, groups_of, summarize
 from explorer.units import format_count, parse_count
 
 Candidate = tuple[str, dict[str, Any], int]  # (config key, complete dims, exact params)
@@ -51,6 +56,119 @@ def parse_budget(text: str, baseline_params: int | None = None) -> int:
     if budget <= 0:
         raise ExplorerError(f"{text!r} is not a positive parameter count", field="budget")
     return budget
+
+
+ACCURACY_DELTA = 0.005  # 0.5 points of an accuracy-like metric in [0, 1]
+LOSS_DELTA = 0.01  # of the best mean: a loss has no natural scale, so the margin is relative
+DEFAULT_BUDGETS = 10
+
+
+class DecisionSpec(BaseModel):
+    """`decision:` in a study: what counts as decided, at which budgets, and how many seeds it may take."""
+
+    model_config = ConfigDict(extra="forbid")
+    delta: float | None = Field(None, gt=0)  # metric units; None: ACCURACY_DELTA when maximized, LOSS_DELTA x |best mean| when minimized
+    budgets: list[str] | None = None  # "250k", "baseline", "10%-below-baseline"; None: DEFAULT_BUDGETS log-spaced over the space
+    level: float = Field(LEVEL, gt=0.5, lt=1)
+    max_seeds: int | None = Field(None, ge=2)  # the `decide` replicate policy's cap per configuration; None: budget.seeds
+
+    def margin(self, higher_is_better: bool, best: float) -> float:
+        """`delta`, or its documented default for the metric's direction."""
+        if self.delta is not None:
+            return self.delta
+        return ACCURACY_DELTA if higher_is_better else LOSS_DELTA * abs(best)
+
+    def budget_list(self, params: Sequence[int], baseline_params: int | None = None) -> list[int]:
+        """The parameter budgets the study answers: the named ones, else log-spaced from its smallest to its largest configuration."""
+        if self.budgets is not None:
+            return [parse_budget(b, baseline_params) for b in self.budgets]
+        return sorted({int(round(b)) for b in np.geomspace(min(params), max(params), DEFAULT_BUDGETS)})
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A budget's answer in words a user can act on; `pair` is what more seeds would decide when undecided."""
+
+    kind: Literal["non-inferior", "beats", "equivalent", "undecided"]
+    a: str
+    b: str
+    comparison: Comparison
+    delta: float
+    more_seeds: int | None = None  # undecided: about this many more seeds of a and b (None: more than 1000)
+
+    @property
+    def decided(self) -> bool:
+        return self.kind != "undecided"
+
+    def words(self, unit: float = 100.0, what: str = "points") -> str:
+        c, margin = self.comparison, f"{unit * self.delta:.2g} {what}"
+        level = f"{c.level:.0%}" + (f", simultaneous over {c.family} comparisons" if c.family > 1 else "")
+        shown = f"{unit * c.diff:+.1f} ± {unit * c.half:.1f} {what} ({level})"
+        if self.kind == "non-inferior":
+            return f"{self.a} is the smallest configuration not worse than the baseline {self.b} by more than {margin} ({level}): {shown}"
+        if self.kind == "beats":
+            return f"{self.a} beats {self.b} by {shown}"
+        if self.kind == "equivalent":
+            return f"{self.a} and {self.b} are equivalent within {margin}: {shown}"
+        more = "more than 1000" if self.more_seeds is None else f"about {self.more_seeds}"
+        return f"undecided: {more} more seeds of {self.a} and {self.b} would decide it (observed {shown}, margin {margin})"
+
+
+def decide(table: pd.DataFrame, budget: int, pick: str, baseline_key: str | None, higher_is_better: bool,
+           delta: float, level: float = LEVEL) -> list[Decision]:
+    """Every decided statement at `budget` about the pick (a `summarize` table's `arch`), else one undecided.
+
+    In order: the smallest configuration within the budget (no larger than the baseline, best mean
+    first among equal sizes) not worse than the baseline by more than `delta`; the pick beating the
+    baseline, or the baseline beating the pick (the budget costs accuracy); the pick beating every other configuration within the budget (said against the closest);
+    the smallest configuration no larger than the pick equivalent to it. Comparisons against the
+    baseline are simultaneous over the candidates compared with it, those against the pick over the
+    others within the budget. Undecided: the pair (the pick and the runner-up, or the baseline) that
+    the fewest more seeds would decide, from the observed variance.
+    """
+    groups, noise = groups_of(table), table.attrs["noise"]
+    sign = 1.0 if higher_is_better else -1.0
+    inside = table[table["params"] <= budget].assign(_score=lambda t: sign * t["mean"])
+    inside = inside.sort_values(["params", "_score"], ascending=[True, False])
+    others = [k for k in inside["arch"] if k != pick]
+
+    def cmp(a: str, b: str, family: int) -> Comparison:
+        return compare(groups[a], groups[b], higher_is_better, level, noise.prior(a, b), family)
+
+    out: list[Decision] = []
+    candidates: list[str] = []
+    if baseline_key in groups:
+        base_params = int(table.loc[table["arch"] == baseline_key, "params"].iloc[0])
+        smaller = [k for k, p in zip(inside["arch"], inside["params"]) if k != baseline_key and p <= base_params]
+        candidates = smaller + ([pick] if pick != baseline_key and pick not in smaller else [])
+        for key in smaller:
+            c = cmp(key, baseline_key, len(candidates))
+            if c.non_inferior(delta):
+                out.append(Decision("non-inferior", key, baseline_key, c, delta))
+                break
+        if pick != baseline_key and (c := cmp(pick, baseline_key, len(candidates))).beats():
+            out.append(Decision("beats", pick, baseline_key, c, delta))
+        elif pick != baseline_key and c.worse():  # the budget costs accuracy: the baseline beats the best within it
+            out.append(Decision("beats", baseline_key, pick, cmp(baseline_key, pick, len(candidates)), delta))
+    versus = {k: cmp(pick, k, len(others)) for k in others}
+    if versus and all(c.beats() for c in versus.values()):
+        closest = min(versus, key=lambda k: versus[k].diff)
+        out.append(Decision("beats", pick, closest, versus[closest], delta))
+    pick_params = int(table.loc[table["arch"] == pick, "params"].iloc[0])
+    same = [k for k in others if int(table.loc[table["arch"] == k, "params"].iloc[0]) <= pick_params and versus[k].equivalent(delta)]
+    if same:
+        out.append(Decision("equivalent", same[0], pick, versus[same[0]], delta))
+    if out or not others and not candidates:
+        return out
+    pairs = []
+    if others:
+        runner = min(versus, key=lambda k: versus[k].diff)
+        pairs.append((pick, runner, versus[runner]))
+    if baseline_key in groups and pick != baseline_key:
+        pairs.append((pick, baseline_key, cmp(pick, baseline_key, len(candidates))))
+    need = [(p[2].seeds_to_decide(delta), p) for p in pairs]
+    more, (a, b, c) = min(need, key=lambda x: float("inf") if x[0] is None else x[0])
+    return [Decision("undecided", a, b, c, delta, more)]
 
 
 @dataclass(frozen=True)
@@ -126,13 +244,18 @@ class Recommendation:
     model: str | None = None  # the fitted surface, in words (predicted only)
     measured_key: str | None = None  # the measured best it was compared against (predicted only)
     measured_value: float | None = None
-    tied: tuple[str, ...] = ()  # measured configurations within budget tied with it, by params
+    tied: tuple[str, ...] = ()  # measured configurations within budget not distinguished from it, by params then mean
     tied_params: tuple[int, ...] = ()
+    equivalent: tuple[str, ...] = ()  # those of `tied` equivalent to it within `delta`
+    decisions: tuple[Decision, ...] = ()  # what is decided at this budget (one undecided entry when nothing is)
+    delta: float = ACCURACY_DELTA
+    list_ties: bool = False  # lines() lists the tied configurations, not only their count
     baseline_key: str | None = None
     baseline_value: float | None = None
     baseline_params: int | None = None
     baseline: Comparison | None = None  # it against the baseline, > 0 meaning better
     verify: tuple[str, ...] = ()  # study configs around it: a follow-up study runs these
+    higher_is_better: bool = True
 
     @property
     def margin(self) -> float | None:
@@ -156,20 +279,27 @@ class Recommendation:
             out.append(f"model: {self.model}")
             if self.measured_key is not None:
                 out.append(f"best measured within budget: {self.measured_key}, {self.measured_value:.4g}")
+        unit, what = (100.0, "points") if self.higher_is_better else (1.0, self.metric)
+        out += [d.words(unit, what) for d in self.decisions]
         if self.tied:
-            listed = ", ".join(f"{k} ({format_count(p)})" for k, p in zip(self.tied, self.tied_params))
             smaller = (f"; the smallest: {self.tied[0]}, {format_count(self.tied_params[0])} params"
                        if self.tied_params[0] < self.params else "; none of them is smaller")
-            out.append(f"tied with it (no evidence either is better): {listed}{smaller}")
+            out.append(f"{len(self.equivalent)} configurations within budget equivalent to {self.key} within "
+                       f"{unit * self.delta:.2g} {what}; {len(self.tied) - len(self.equivalent)} more not distinguished "
+                       f"from it{smaller}")
+            if self.list_ties:
+                listed = ", ".join(f"{k} ({format_count(p)}{', equivalent' if k in self.equivalent else ''})"
+                                   for k, p in zip(self.tied, self.tied_params))
+                out.append(f"not distinguished from it: {listed}")
         elif self.kind == "measured" and math.isfinite(self.half):
-            out.append("nothing else within budget is tied with it")
+            out.append("every other configuration within budget is distinguished from it")
         if self.baseline_key is not None and self.baseline_value is None:
             out.append(f"baseline {self.baseline_key} has no completed trial in this study")
         elif self.baseline is not None and self.key == self.baseline_key:
             out.append(f"it is the baseline ({format_count(self.baseline_params or 0)} params)")
         elif self.baseline is not None:
             out.append(f"baseline {self.baseline_key} ({format_count(self.baseline_params or 0)} params, {self.metric} "
-                       f"{self.baseline_value:.4g}): " + self.baseline.words(self.key, "the baseline"))
+                       f"{self.baseline_value:.4g}): " + self.baseline.words(self.key, "the baseline", unit, what))
         out.append("verify around it: " + "; ".join(self.verify))
         return out
 
@@ -243,18 +373,22 @@ def recommend(
     metric: str = "accuracy",
     candidates: Sequence[Candidate] = (),
     higher_is_better: bool = True,
+    decision: DecisionSpec | None = None,
+    list_ties: bool = False,
 ) -> Recommendation:
     """Best configuration within `budget` from a `trials_frame`, measured or (marked) predicted.
 
     `candidates` are the space's feasible configs; those inside the budget that no completed
-    trial measured are the ones the fitted surface may predict.
+    trial measured are the ones the fitted surface may predict. `decision` sets the margin and level of
+    the decision (`decide`); `list_ties` makes `lines()` list the configurations tied with the pick.
     """
+    decision = decision or DecisionSpec()
     sign = 1.0 if higher_is_better else -1.0
     done = _measurements(df).dropna(subset=[metric, "params"])
     direction = "maximize" if higher_is_better else "minimize"
-    table = summarize(done, metric, [(metric, direction), ("params", "minimize")], draws=0)
+    table = summarize(done, metric, [(metric, direction), ("params", "minimize")], level=decision.level, draws=0)
     groups = groups_of(table)
-    pooled = table.attrs.get("pooled")
+    noise = table.attrs["noise"]
     first = done.groupby("arch")["number"].min() if len(done) else pd.Series(dtype=int)
     inside = table[table["params"] <= budget]
     measured: dict[str, Any] | None = None
@@ -274,12 +408,23 @@ def recommend(
             field="budget",
         )
 
-    tied: list[tuple[int, str]] = []
+    delta = decision.margin(higher_is_better, chosen["value"])
+    tied: list[tuple[int, float, str]] = []
+    equivalent: list[str] = []
+    decisions: list[Decision] = []
+    family = max(1, len(inside) - 1)
     if chosen["kind"] == "measured":
+        noise: NoiseModel = table.attrs["noise"]
         for row in inside.itertuples():
-            c = compare(groups[chosen["key"]], groups[row.arch], higher_is_better, pooled=pooled)
-            if row.arch != chosen["key"] and math.isfinite(c.half) and c.tied:
-                tied.append((int(row.params), row.arch))
+            if row.arch == chosen["key"]:
+                continue
+            c = compare(groups[chosen["key"]], groups[row.arch], higher_is_better, decision.level,
+                        noise.prior(chosen["key"], row.arch), family)
+            if math.isfinite(c.half) and c.tied:
+                tied.append((int(row.params), -sign * row.mean, row.arch))
+                if c.equivalent(delta):
+                    equivalent.append(row.arch)
+        decisions = decide(table, budget, chosen["key"], baseline_key, higher_is_better, delta, decision.level)
     tied.sort()
 
     base_value = base_params = comparison = None
@@ -287,7 +432,10 @@ def recommend(
         base = table[table["arch"] == baseline_key].iloc[0]
         base_value, base_params = float(base["mean"]), int(base["params"])
         if chosen["kind"] == "measured":
-            comparison = compare(groups[chosen["key"]], groups[baseline_key], higher_is_better, pooled=pooled)
+            against = sum(1 for p, k in zip(inside["params"], inside["arch"]) if k != baseline_key and p <= base_params)
+            against += chosen["params"] > base_params
+            comparison = compare(groups[chosen["key"]], groups[baseline_key], higher_is_better, decision.level,
+                                 noise.prior(chosen["key"], baseline_key), max(1, against))
         else:  # a prediction against a measured mean: unpaired, both uncertainties
             half = math.hypot(chosen["uncertainty"], float(base["hi"] - base["mean"]) if math.isfinite(base["hi"]) else 0.0)
             comparison = Comparison(sign * (chosen["value"] - base_value), half, 0, math.nan)
@@ -315,8 +463,13 @@ def recommend(
         measured_value=prior["value"] if prior else None,
         baseline_key=baseline_key,
         baseline_value=base_value,
-        tied=tuple(k for _, k in tied),
-        tied_params=tuple(p for p, _ in tied),
+        tied=tuple(k for _, _, k in tied),
+        tied_params=tuple(p for p, _, _ in tied),
+        equivalent=tuple(k for _, _, k in tied if k in equivalent),
+        decisions=tuple(decisions),
+        delta=delta,
+        list_ties=list_ties,
+        higher_is_better=higher_is_better,
         baseline_params=base_params,
         baseline=comparison,
         verify=_neighbours(str(chosen["key"]), _known(done, candidates), budget),

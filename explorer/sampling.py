@@ -266,7 +266,8 @@ class BudgetSampler(BaseSampler):
         return enc.params(enc.configs[int(np.argmax(np.where(allowed, score, -np.inf)))])
 
     def _observations(self, study: optuna.Study) -> list[tuple[int, float]]:
-        """(configuration index, metric) of complete trials, and of pruned ones at a guessed final metric.
+        """(configuration index, metric) of complete trials, and of pruned ones at a guessed final metric;
+        a trial answered from storage (`duplicate_of`) repeats a measurement and is not counted again.
 
         A pruned trial's guess is its last per-epoch metric plus the median gain complete trials made
         from that epoch to their end: without it the GP never learns that the pruned region is poor
@@ -275,7 +276,7 @@ class BudgetSampler(BaseSampler):
         done, cut = [], []
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
             i, curve = index.get(self.encoding.key_of(t)), t.user_attrs.get("curve") or []
-            if i is None:
+            if i is None or "duplicate_of" in t.user_attrs:  # answered from storage: no new observation
                 continue
             if t.state == TrialState.COMPLETE and t.values is not None and math.isfinite(t.values[self.metric]):
                 done.append((i, t.values[self.metric], curve))

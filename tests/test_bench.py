@@ -33,7 +33,7 @@ def test_build_tables_trains_every_configuration_at_every_seed_and_resumes(tmp_p
     assert table["kappa_init"].notna().all() and (table["epochs"] == 2).all()
 
 
-@pytest.mark.parametrize("prune", [None, ("dominated", 0.5), ("median", 0.5)])
+@pytest.mark.parametrize("prune", [None, ("dominated", 0.5), ("dominated", 0.5, 0.01, 3, 0.018), ("median", 0.5)])
 def test_replay_on_the_shipped_table(prune: tuple | None) -> None:
     """One optimizer seed of the default sampler, answered from the 24-configuration table."""
     result = replay("digits-vit", "budget-ei", 0, prune, str(ROOT / "bench" / "data"))

@@ -10,7 +10,9 @@ import pytest
 from conftest import write_study
 
 from explorer.executors.local import LocalExecutor
-from explorer.pruning import BinnedPruner, Peer
+import pandas as pd
+
+from explorer.pruning import BinnedPruner, Peer, come_back, pruned_within
 from explorer.sampling import BudgetSampler, Encoding
 from explorer.study import load_study_spec
 
@@ -42,6 +44,29 @@ def test_a_dearer_configuration_or_the_trials_own_replicates_never_prune() -> No
     lower = BinnedPruner("dominated", False, np.array([]), warmup=1, startup=1, epochs=2)  # a loss: lower is better
     peer = [Peer(100, [1.0, 0.8], "a")]
     assert lower.should_prune(1, 2.0, 200, peer) and not lower.should_prune(1, 0.5, 200, peer)
+
+
+def test_one_unlucky_seed_of_a_cheaper_configuration_does_not_prune() -> None:
+    """Defect 4: with noise allowed for, a cheaper configuration's single lucky run is no bar; its mean
+    over several seeds, less a smaller allowance, is."""
+    lucky = [Peer(100, [0.2, 0.5, 0.95], "a")]  # b at 0.49 after epoch 2 + the 0.45 gain seen = 0.94 < 0.95
+    assert dominated().should_prune(2, 0.49, 200, lucky, "b")  # single runs trusted: pruned
+    assert not dominated(noise=0.02).should_prune(2, 0.49, 200, lucky, "b")  # 0.95 - 1.645 x 0.02 x sqrt(2) = 0.903
+    seeds = [Peer(100, [0.2, 0.5, v], "a") for v in (0.95, 0.96, 0.94, 0.95)]  # four seeds at 0.95: allowance 0.037
+    assert dominated(noise=0.02).should_prune(2, 0.40, 200, seeds, "b") and not dominated(noise=0.02).should_prune(2, 0.49, 200, seeds, "b")
+
+
+def test_pruned_configurations_are_listed_and_come_back_when_their_bar_falls() -> None:
+    def frame(a_finals: list[float]) -> pd.DataFrame:
+        rows = [{"state": "COMPLETE", "arch": "a", "params": 100, "curve": [0.2, 0.5, v]} for v in a_finals]
+        rows += [{"state": "PRUNED", "arch": "b", "params": 200, "curve": [0.3, 0.45]},
+                 {"state": "PRUNED", "arch": "big", "params": 900, "curve": [0.1, 0.1]}]
+        return pd.DataFrame(rows)
+
+    pruner = dominated(noise=0.02)
+    assert pruned_within(frame([0.95]), 500) == ["b"] and pruned_within(frame([0.95]), 1000) == ["b", "big"]
+    assert come_back(pruner, frame([0.99, 0.99])) == []  # a is still far ahead of b's best reach (0.45 + 0.49)
+    assert come_back(pruner, frame([0.99, 0.85, 0.86])) == ["b"]  # a's later seeds pulled its mean down: b comes back
 
 
 def test_median_compares_within_the_parameter_bin_only() -> None:
@@ -88,3 +113,15 @@ def test_budget_sampler_learns_from_pruned_trials(tmp_path: Path) -> None:
     seen = dict(BudgetSampler(enc, 0, True)._observations(ostudy))
     assert seen[0] == 0.6 and seen[1] == 0.8
     assert seen[2] == pytest.approx(0.05 + np.median([0.6 - 0.2, 0.8 - 0.1]))
+
+
+def test_budget_sampler_does_not_count_answers_from_storage(tmp_path: Path) -> None:
+    """Defect 6: a trial answered from storage (`duplicate_of`) repeats a measurement; counting it again
+    told the GP the configuration was measured twice (and filled the startup bins with one point)."""
+    study = load_study_spec(write_study(tmp_path))
+    enc = Encoding(study.space)
+    ostudy = optuna.create_study(directions=["maximize", "minimize"])
+    for attrs in ({"curve": [0.5, 0.7]}, {"curve": [0.5, 0.7], "duplicate_of": 0}):
+        ostudy.add_trial(optuna.trial.create_trial(params=enc.params(enc.configs[0]), distributions=enc.distributions,
+                                                   user_attrs=attrs, values=[0.7, enc.configs[0].params]))
+    assert BudgetSampler(enc, 0, True)._observations(ostudy) == [(0, 0.7)]
