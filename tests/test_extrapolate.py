@@ -42,11 +42,11 @@ def _candidates(frame: pd.DataFrame) -> list[tuple[str, dict, int]]:
 def test_fit_recovers_a_known_optimum_within_its_interval() -> None:
     frame = _synthetic()
     model = fit(frame, "metric", higher_is_better=True, bootstrap=60)
-    budget = 100_000
     configs = frame.groupby("key").first()
-    inside = configs[configs["params"] <= budget]
-    truth = {k: 1 - _true_err(r["layers"], r["heads"], r["width"]) for k, r in inside.iterrows()}
+    budget = int(configs["params"].max())
+    truth = {k: 1 - _true_err(r["layers"], r["heads"], r["width"]) for k, r in configs.iterrows()}
     best_key = max(truth, key=truth.get)
+    assert configs.at[best_key, "params"] < budget  # the optimum is inside: "the largest" would be wrong
     result = answer(model, _candidates(frame), budget)
     picked = [result.best.key, *(r.key for r in result.rivals)]
     assert best_key in picked
@@ -101,3 +101,16 @@ def test_order_held_counts_same_and_equivalent_answers() -> None:
     lower = order_held({k: -v for k, v in short.items()}, {k: -v for k, v in long.items()}, params, [30], 0.01,
                        higher_is_better=False)
     assert lower.short_picks == ("b",) and lower.long_picks == ("c",) and lower.held == (False,)
+
+
+def test_dashboard_draws_the_law_past_the_data_and_its_held_out_check() -> None:
+    from explorer.dashboard import _extrapolation_figure
+
+    frame = _synthetic().rename(columns={"key": "arch", "metric": "accuracy"}).assign(state="COMPLETE")
+    fig = _extrapolation_figure({"s": frame}, {"s": {"metric": "accuracy"}})
+    beyond = [t for t in fig.data if t.name == "s: law's best within budget, beyond the data"]
+    assert len(beyond) == 1 and max(beyond[0].x) == pytest.approx(REACH * frame["params"].max())
+    assert "held-out check:" in fig.layout.annotations[1].text
+    few = frame[(frame["layers"] == 1) & (frame["width"] == 16)]  # 4 configurations for a law of 5 coefficients
+    fig = _extrapolation_figure({"s": few}, {"s": {"metric": "accuracy"}})
+    assert "no shape law" in fig.layout.annotations[0].text
