@@ -44,7 +44,8 @@ HUBER_SCALE = 0.1
 STARTS = 8
 BOOTSTRAP = 200
 LEVEL = 0.95
-REACH = 3.0  # budget / largest measured configuration the answer is validated to: chosen on bench/extrapolate.py
+REACH = 2.0  # budget / largest measured configuration the answer is validated to: chosen on bench/extrapolate.py
+GROWTH_MAX = 1.0  # the growth exponent's bound: steeper, a term too small to see in the data dominates a few-fold past it
 ERR_FLOOR = 1e-4  # a mean error of 0 (every seed perfect) is clipped here before its log
 
 Candidate = tuple[str, dict[str, Any], int]  # (config key, complete dims, exact params), as explorer.recommend
@@ -75,7 +76,7 @@ class ShapeModel:
 
     def _to_metric(self, log_err: np.ndarray) -> np.ndarray:
         err = np.exp(log_err)
-        return 1.0 - err if self.higher_is_better else err
+        return 1.0 - np.minimum(err, 1.0) if self.higher_is_better else err
 
     def predict(self, dims: Sequence[Mapping[str, Any]]) -> np.ndarray:
         """The law's metric (full fit) at each configuration's dims."""
@@ -137,7 +138,8 @@ def _fit_once(logx: np.ndarray, y: np.ndarray, starts: Sequence[np.ndarray]) -> 
     lower = np.zeros(p)
     upper = np.full(p, np.inf)
     upper[0] = float(np.exp(y.min()))  # the floor lies below every measured error
-    upper[2::2] = 4.0  # exponents: 4 is steeper than any scaling law reported
+    upper[2::2] = 4.0  # decay exponents: 4 is steeper than any scaling law reported
+    upper[-1] = GROWTH_MAX
     best, cost = starts[0], math.inf
     for start in starts:
         res = optimize.least_squares(lambda c: _log_err(c, logx) - y, np.clip(start, lower, upper - 1e-9),
