@@ -59,8 +59,8 @@ class ShapeModel:
     higher_is_better: bool
     terms: tuple[str, ...]  # the dimensions with a power term
     dropped: tuple[str, ...]  # why each missing dimension was dropped, in words
-    scale: np.ndarray  # g_d per term
-    coef: np.ndarray  # [E, A_1, a_1, A_2, a_2, ...] of the full fit
+    scale: np.ndarray  # g_d per term, then g_p
+    coef: np.ndarray  # [E, A_1, a_1, ..., A_n, a_n, B, b] of the full fit
     boot: np.ndarray  # (BOOTSTRAP, len(coef)) refits
     residuals: np.ndarray  # log err residuals of the full fit, one per configuration
     n_configs: int
@@ -79,7 +79,7 @@ class ShapeModel:
         return 1.0 - np.minimum(err, 1.0) if self.higher_is_better else err
 
     def predict(self, dims: Sequence[Mapping[str, Any]]) -> np.ndarray:
-        """The law's metric (full fit) at each configuration's dims."""
+        """The law's metric (full fit) at each configuration: its dims and `params`."""
         return self._to_metric(self._log_err(self.coef, self._x(dims)))
 
     def laws(self, dims: Sequence[Mapping[str, Any]]) -> np.ndarray:
@@ -178,8 +178,9 @@ def fit(frame: pd.DataFrame, metric: str = "accuracy", higher_is_better: bool = 
     for dim in DIMS:
         values = configs[dim].dropna().unique()
         if configs[dim].isna().any() or len(values) < 2:
-            shown = f"{dim}={values[0]:g}" if len(values) == 1 else f"{dim} unknown"
-            dropped.append(f"{dim} term dropped: one value measured ({shown})")
+            known = not configs[dim].isna().any()
+            why = f"one value measured ({dim}={values[0]:g})" if known else "not known for every configuration"
+            dropped.append(f"{dim} term dropped: {why}")
         else:
             terms.append(dim)
     p = 1 + 2 * (len(terms) + 1)
