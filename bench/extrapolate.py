@@ -18,8 +18,8 @@ space's candidates. Each pick is scored against the table's true means (mean ove
 The reach (how far past the largest measured configuration the answer is trusted, explorer.extrapolate.
 REACH) is chosen on digits-wide at k = 0.5 (in-sample there): the largest factor f at which the budgets
 up to f, pooled, meet the target (the law's mean regret at most half the better baseline's, coverage
->= 0.9). It is confirmed on data not used to choose it: digits-wide at k = 0.25 and
-0.35, and the one-width default space at k = 0.5 (digits-vit, 20 epochs; and its 60-epoch runs, 3
+>= 0.9). It is confirmed on data not used to choose it: digits-wide at k = 0.25, 0.3, 0.35, 0.4
+and 0.6 (pooled on their own line), and the one-width default space at k = 0.5 (digits-vit, 20 epochs; and its 60-epoch runs, 3
 seeds, from digits-vit-fidelity), where only the layers and heads terms can be fitted; a smaller k
 leaves it fewer configurations than the law has coefficients + 2. The last line pools every held-out
 budget of digits-wide within the reach (every k, the choosing one included; the per-k lines above it
@@ -47,7 +47,8 @@ DATA = ROOT / "bench" / "data"
 DIMS = ["layers", "heads", "width", "mlp"]
 FACTORS = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
 CHOOSE = ("digits-wide", 0.5)
-RUNS = [("digits-wide", 0.5), ("digits-wide", 0.25), ("digits-wide", 0.35),
+RUNS = [("digits-wide", 0.5), ("digits-wide", 0.25), ("digits-wide", 0.3), ("digits-wide", 0.35), ("digits-wide", 0.4),
+        ("digits-wide", 0.6),
         ("digits-vit", 0.5), ("digits-vit-60", 0.5)]
 
 
@@ -129,12 +130,17 @@ def main() -> None:
     for (name, k), at in within.groupby(["table", "k"], sort=False):
         print(f"  {name} k={k}: {len(at)} budgets, regret law {at['regret_law'].mean():.2f} depth "
               f"{at['regret_depth'].mean():.2f} keep {at['regret_keep'].mean():.2f} random "
-              f"{at['regret_random'].mean():.2f}, coverage {at['covered'].mean():.2f}")
+              f"{at['regret_random'].mean():.2f}, coverage {at['covered'].mean():.2f} (interval width "
+              f"{100 * (at['hi'] - at['lo']).mean():.1f} points)")
     beyond = results[results["factor"] > extrapolate.REACH]
     if len(beyond):
         print(f"beyond the reach ({len(beyond)} budgets): regret law {beyond['regret_law'].mean():.2f}, better baseline "
               f"{min(beyond['regret_depth'].mean(), beyond['regret_keep'].mean()):.2f}, coverage {beyond['covered'].mean():.2f}")
     wide = within[within["table"] == "digits-wide"]
+    check = wide[wide["k"] != CHOOSE[1]]
+    print(f"confirmation, digits-wide k != {CHOOSE[1]} pooled: {len(check)} budgets, regret law {check['regret_law'].mean():.2f}, "
+          f"better baseline {min(check['regret_depth'].mean(), check['regret_keep'].mean()):.2f}, coverage "
+          f"{check['covered'].mean():.2f}")
     base = min(wide["regret_depth"].mean(), wide["regret_keep"].mean())
     print(f"({time.perf_counter() - start:.0f} s)")
     print(f"extrapolate regret {wide['regret_law'].mean():.2f} baseline {base:.2f} coverage {wide['covered'].mean():.2f}")
