@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import multiprocessing
 import os
 import sys
@@ -100,7 +101,8 @@ def train(args: argparse.Namespace) -> None:
         rows = pool.imap_unordered(_run_one, [(args.study, k, s, e, args.device) for k, s, e in todo])
         for finished in range(1, len(todo) + 1):
             try:
-                row = rows.next(timeout=max(args.deadline - (time.perf_counter() - start), 0.0))
+                left = args.deadline - (time.perf_counter() - start)
+                row = rows.next(timeout=max(left, 0.0) if math.isfinite(left) else None)
             except multiprocessing.TimeoutError:
                 print(f"deadline: {len(todo) - finished + 1} runs not finished", flush=True)
                 break  # leaving the `with` terminates the runs in flight

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from explorer.errors import ExplorerError
 from explorer.extrapolate import REACH, answer, fit, order_held
+from conftest import write_study
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _params(layers: int, width: int) -> int:
@@ -114,3 +121,19 @@ def test_dashboard_draws_the_law_past_the_data_and_its_held_out_check() -> None:
     few = frame[(frame["layers"] == 1) & (frame["width"] == 16)]  # 4 configurations for a law of 5 coefficients
     fig = _extrapolation_figure({"s": few}, {"s": {"metric": "accuracy"}})
     assert "no shape law" in fig.layout.annotations[0].text
+
+
+@pytest.mark.slow
+def test_fidelity_runner_trains_each_epoch_count_and_resumes(tmp_path: Path) -> None:
+    study = write_study(tmp_path / "s")
+    out = tmp_path / "f.csv"
+    cmd = [sys.executable, str(ROOT / "bench" / "fidelity.py"), "train", str(study), "--epochs", "1,2", "--seeds", "0",
+           "--limit", "1", "--out", str(out)]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    again = subprocess.run([*cmd[:-5], "0-1", *cmd[-4:]], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "2 runs stored, 2 to run" in again.stdout
+    table = pd.read_csv(out)
+    assert sorted(zip(table["seed"], table["epochs"])) == [(0, 1), (0, 2), (1, 1), (1, 2)]
+    assert all(len(c.split(",")) == e for c, e in zip(table["curve"], table["epochs"]))
