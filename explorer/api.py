@@ -16,7 +16,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from pydantic import BaseModel, ValidationError
 from explorer.errors import ExplorerError
 from explorer.executors import get_executor
 from explorer.frame import trials_frame
+from explorer.identity import current_rows
 from explorer.recommend import Recommendation, parse_budget, recommend
 from explorer.space import SpaceSpec
 from explorer.stats import summarize
@@ -126,15 +127,15 @@ class Experiment:
     def status(self) -> Status:
         """What the storage holds: counts by state, replicate compute, the per-configuration summary."""
         study, ostudy = self.study, self.optuna_study()
-        frame = trials_frame(ostudy)
+        frame = current_rows(trials_frame(ostudy), ostudy)
         runs, at_max = study.reads.replicate_cost(ostudy)
         return Status(
             name=self.name, n_trials=study.spec.n_trials, outcomes=study.reads.outcomes(ostudy),
             runs=study.reads.finished(ostudy),
             states=frame["state"].value_counts().to_dict() if len(frame) else {},
-            duplicates=len(trials_frame(ostudy, duplicates=True)) - len(frame),
+            duplicates=len(current_rows(trials_frame(ostudy, duplicates=True), ostudy)) - len(frame),
             seeds=study.seeds, replicates=study.spec.replicates.model_dump(), replicate_runs=runs, replicate_at_max=at_max,
-            summary=self._with_dims(study.reads.summary(ostudy)), trials=frame, free_dims=list(study.space.free_dims), metric=self.metric,
+            summary=self._with_dims(study.reads.summary(ostudy)), trials=frame, set_aside=study.reads.set_aside(ostudy), free_dims=list(study.space.free_dims), metric=self.metric,
         )
 
     def _with_dims(self, table: pd.DataFrame) -> pd.DataFrame:
@@ -172,8 +173,9 @@ class Experiment:
         return trials_frame(self.optuna_study())
 
     def measured(self) -> pd.DataFrame:
-        """Completed trials that trained their configuration (not copies of an earlier trial's result)."""
-        frame = self.trials()
+        """Completed trials of the current identity that trained their configuration (not copies of an
+        earlier trial's result, nor runs from before `run --force` changed the budget)."""
+        frame = current_rows(self.trials(), self.optuna_study())
         done = frame[frame["state"] == "COMPLETE"]
         if "duplicate_of" in done:
             done = done[done["duplicate_of"].isna()]
@@ -201,18 +203,84 @@ class Experiment:
         base = self.study.space.baseline
         return text if isinstance(text, int) else parse_budget(text, base.params if base else None)
 
-    def recommend(self, budget: str | int) -> Recommendation:
+    def recommend(self, budget: str | int, list_ties: bool = False) -> Recommendation:
         """The best configuration within `budget` (a count, "60M", or "10%-below-baseline"), measured
-        or marked predicted; `.lines()` says it in words."""
-        base = self.study.space.baseline
+        or marked predicted, with the decision the data supports (the study's `decision:` margin);
+        past the largest measured configuration also the shape law's answer (explorer.extrapolate), or
+        its one-line refusal past the validated reach. `.lines()` says it in words; `list_ties` lists
+        the configurations not distinguished from the pick, not only their count."""
+        study = self.study
+        base = study.space.baseline
         limit = self.budget(budget)
-        candidates = [(c.key, c.dims, c.params) for c in self.study.space.configs()]
-        trials = self.trials()
+        candidates = [(c.key, c.dims, c.params) for c in study.space.configs()]
+        trials = current_rows(self.trials(), self.optuna_study())
         if not len(trials) or not trials["state"].eq("COMPLETE").any():
             raise ExplorerError(f"no completed trial to recommend from ({len(trials)} stored; `explorer status` says why)",
-                                source=str(self.study.source))
-        return recommend(trials, limit, base.key if base else None, self.metric, candidates,
-                         self.study.task.higher_is_better)
+                                source=str(study.source))
+        rec = recommend(trials, limit, base.key if base else None, self.metric, candidates,
+                        study.task.higher_is_better, decision=study.spec.decision, list_ties=list_ties)
+        return replace(rec, beyond=tuple(self._beyond(trials, limit, candidates)))
+
+    def _beyond(self, trials: pd.DataFrame, limit: int, candidates: list[tuple[str, dict, int]]) -> list[str]:
+        """The shape law's lines where `limit` passes the largest measured configuration and unmeasured ones fit it."""
+        from explorer import extrapolate
+
+        done = trials[trials["state"] == "COMPLETE"]
+        if "duplicate_of" in done:
+            done = done[done["duplicate_of"].isna()]
+        top = int(done["params"].max())
+        if limit <= top or not any(top < p <= limit for _, _, p in candidates):
+            return []
+        try:
+            model = extrapolate.fit(done, self.metric, self.study.task.higher_is_better)
+        except ExplorerError as err:
+            return [f"beyond the measured range: no shape law ({err})"]
+        return extrapolate.answer(model, candidates, limit, top).lines()
+
+    def verify_longer(self, rec: Recommendation, epochs: int, seeds: int = 3, on_trial: TrialCallback | None = None,
+                      verbose: bool = False) -> list[str]:
+        """Train the pick and the configurations not distinguished from it at `epochs` epochs (seeds 0..seeds-1)
+        and say whether the short runs' order held (explorer.extrapolate.order_held).
+
+        The long runs are a study of their own, `NAME-Nep`, in the same storage: resumable, never mixed
+        with this study's budget, readable with the same tools.
+        """
+        from explorer import extrapolate
+
+        keys = [rec.key, *[k for k in rec.tied if k != rec.key]][:6]
+        long = self._longer_study(epochs, seeds, len(keys))
+        with quiet(verbose):
+            ostudy = long.open(create=True, force=True)
+            long.queue.verification(ostudy, keys)
+            get_executor(long.spec.executor.name).run(long, ostudy, on_trial)
+        short = self.stats().set_index("arch")
+        longer = long.reads.summary(long.read(), draws=0).set_index("arch")
+        shared = [k for k in keys if k in short.index and k in longer.index]
+        params = {k: int(short.loc[k, "params"]) for k in shared}
+        margin = self.study.spec.decision.margin(self.study.task.higher_is_better, float(short.loc[rec.key, "mean"]))
+        fidelity = extrapolate.order_held({k: float(short.loc[k, "mean"]) for k in shared},
+                                          {k: float(longer.loc[k, "mean"]) for k in shared}, params, [rec.budget],
+                                          margin, self.study.task.higher_is_better)
+        same = "the order held" if all(fidelity.held) else "the order did NOT hold"
+        out = [f"at {epochs} epochs ({long.spec.name}, {len(long.seeds)} seeds): {same} for budget {rec.budget:,}: "
+               f"short runs pick {fidelity.short_picks[0]}, long runs {fidelity.long_picks[0]}"
+               + (f" (within {margin:.3g} of it)" if fidelity.short_picks[0] != fidelity.long_picks[0] and all(fidelity.held) else "")]
+        out += [f"{k}: {float(short.loc[k, 'mean']):.4g} at {self.study.spec.budget.epochs} epochs, "
+                f"{float(longer.loc[k, 'mean']):.4g} at {epochs}" for k in shared]
+        if len(shared) > 2:
+            out.append(fidelity.lines()[0])
+        return out
+
+    def _longer_study(self, epochs: int, seeds: int, n: int) -> Study:
+        """This study at `epochs` epochs as a study of its own in the same storage: fixed seeds, nothing sampled."""
+        spec = self.study.spec.model_copy(deep=True)
+        spec.name = f"{spec.name}-{epochs}ep"
+        spec.budget = spec.budget.model_copy(update={"epochs": epochs, "seeds": seeds})
+        spec.replicates = spec.replicates.model_copy(update={"policy": "fixed"})
+        spec.sampler = spec.sampler.model_copy(update={"name": "random"})
+        spec.pruner = spec.pruner.model_copy(update={"name": "none"})
+        spec.n_trials, spec.storage = n, self.study.store.url
+        return Study(spec, self.study.source, self.study.space)
 
     def verify(self, rec: Recommendation) -> list[str]:
         """Queue the configurations `rec` names for verification in the study; returns those queued
@@ -270,6 +338,7 @@ class Status:
     trials: pd.DataFrame
     free_dims: list[str]
     metric: str
+    set_aside: int  # trials of an earlier identity (before `run --force` changed the budget, say): kept, not read
 
 
 CONFIG_COLUMNS = ["arch", "layers", "heads", "width", "mlp", "params", "n", "mean", "std", "se", "lo", "hi",

@@ -229,19 +229,22 @@ def resume(
 
 
 # -- status / export ------------------------------------------------------------------------------------------
-def _status(exp, failures: bool = True) -> None:
+def _status(exp, failures: bool = True, list_ties: bool = False) -> None:
     st = exp.status()
     measured, failed = st.outcomes
     out.print(f"[bold]{st.name}[/]: {measured}/{st.n_trials} configurations measured"
               + (f" ({failed} more failed)" if failed else "") + f", {st.runs} runs; " + ", ".join(f"{k.lower()} {v}" for k, v in sorted(st.states.items()))
               + (f"; {st.duplicates} proposals of measured configurations answered from storage" if st.duplicates else ""))
+    if st.set_aside:
+        out.print(f"{st.set_aside} trials of an earlier version of this study (another space, task, budget or objectives: "
+                  "before `run --force`) are kept in the storage and set aside", markup=False)
     if len(st.seeds) > 1 and st.replicate_at_max:
         policy = st.replicates
         how = f"adaptive, confidence {policy['confidence']:g}" if policy["policy"] == "adaptive" else "fixed"
         out.print(f"replicates ({how}), seeds {st.seeds}: {st.replicate_runs} runs of the {st.replicate_at_max} that every measured "
                   f"configuration at {len(st.seeds)} seeds would take ({st.replicate_runs / max(st.replicate_at_max, 1):.0%})", markup=False)
     if len(st.summary):
-        _print_front(st)
+        _print_front(st, list_ties)
     frame = st.trials
     failed = frame[frame["state"] == "FAIL"] if failures else frame.iloc[0:0]
     for row in failed.itertuples():
@@ -249,9 +252,9 @@ def _status(exp, failures: bool = True) -> None:
             out.print(f"trial {row.number} ({row.arch}) failed: {row.fail_reason}", markup=False)
 
 
-def _print_front(st) -> None:
-    """The front of per-configuration means with n, the 95% interval and front probability; then the
-    configurations tied with a front member (not separable from it), so they are not hidden."""
+def _print_front(st, list_ties: bool = False) -> None:
+    """The front of per-configuration means with n, the 95% interval and front probability; then how many
+    configurations are tied with a front member (not separable from it), listed on request."""
     summary, frame, metric = st.summary, st.trials, st.metric
     front = summary[summary["on_front"]].copy()
     front["±"] = front["hi"] - front["mean"]
@@ -264,16 +267,22 @@ def _print_front(st) -> None:
              if intervals else "Pareto front (one seed per configuration: no intervals)")
     _print_frame(front[cols if intervals else [c for c in cols if c not in ("±", "front_prob")]], Format.table, title=title)
     tied = summary[summary["tied_with"].notna()]
-    if len(tied):
+    if len(tied) and list_ties:
         out.print("tied with a front member (no evidence either is better): "
                   + "; ".join(f"{r.arch} with {r.tied_with}" for r in tied.itertuples()), markup=False)
+    elif len(tied):
+        out.print(f"{len(tied)} configurations off the front are tied with a front member (no evidence either is "
+                  "better); `explorer status --list-ties` lists them", markup=False)
 
 
 @app.command()
-def status(study: Annotated[Path, typer.Argument()]) -> None:
+def status(
+    study: Annotated[Path, typer.Argument(help="a study YAML")],
+    list_ties: Annotated[bool, typer.Option(help="list the configurations tied with a front member (default: their count)")] = False,
+) -> None:
     """Counts of trials by state and the current Pareto front (reads the storage, never writes it)."""
     exp, _ = _read(study)
-    _status(exp)
+    _status(exp, list_ties=list_ties)
 
 
 class ExportFormat(str, Enum):
@@ -326,17 +335,28 @@ def dashboard(
 def recommend(
     study: Annotated[Path, typer.Argument()],
     budget: Annotated[str, typer.Option(help="60M, 250k, 1.5e6, or 10%-below-baseline")],
-    verify: Annotated[bool, typer.Option(help="queue the recommended configuration and its neighbours in the study")] = False,
+    verify: Annotated[bool, typer.Option(help="queue the recommended configuration's unmeasured neighbours in the study "
+                                              "(with --epochs: train the pick and its rivals longer now)")] = False,
+    epochs: Annotated[Optional[int], typer.Option(min=1, help="with --verify: train the pick and the splits it does not beat "
+                                                  "at N epochs (3 seeds, a study of its own) and say whether the order held")] = None,
+    list_ties: Annotated[bool, typer.Option(help="list the configurations not distinguished from the pick (default: their count)")] = False,
 ) -> None:
-    """The best (layers, heads) split within a parameter budget, measured or (marked) predicted."""
+    """The best (layers, heads) split within a parameter budget: measured, with the decision the seeds
+    support; past the measured range, the shape law's prediction with its interval."""
     from explorer import api
 
     exp = api.load(study)
     limit = exp.budget(budget)  # a bad budget is said before the storage is opened
     exp, changed = _read(study)
-    rec = exp.recommend(limit)
+    rec = exp.recommend(limit, list_ties=list_ties)
     for line in rec.lines():
         out.print(line, markup=False)
+    if epochs is not None and not verify:
+        raise ExplorerError("--epochs goes with --verify", field="--epochs")
+    if verify and epochs is not None:
+        for line in exp.verify_longer(rec, epochs):
+            out.print(line, markup=False)
+        return
     if verify:
         if changed:
             raise ExplorerError(f"not queued: {changed.removesuffix('; rerun with --force to continue it anyway')}", source=str(study))
@@ -392,13 +412,15 @@ def condition(
 
 def main() -> None:
     """Entry point: user errors are one line on stderr and exit 1; an interrupt exits 130 with the way on."""
+    signal.signal(signal.SIGINT, _interrupted_while_starting)
+    from explorer.api import quiet  # torch, optuna, pandas: an interrupt inside some of their C code makes the
+    # interpreter die by SIGINT at exit whatever we catch, so while they load it leaves at once (nothing is open yet)
+
     signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on an interrupt unwinds: stored results stay
     try:
-        from explorer.api import quiet
-
         with quiet():  # the progress bar, one line per failed trial and the tables say it
             code = app(standalone_mode=False)  # typer answers Ctrl-C with 130, returned here
-    except KeyboardInterrupt:  # before typer took over: while modules were imported
+    except KeyboardInterrupt:  # before typer took over
         code = 130
     except ExplorerError as e:
         err.print(f"error: {e}", markup=False, highlight=False)

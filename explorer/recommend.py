@@ -256,6 +256,7 @@ class Recommendation:
     baseline: Comparison | None = None  # it against the baseline, > 0 meaning better
     verify: tuple[str, ...] = ()  # study configs around it: a follow-up study runs these
     higher_is_better: bool = True
+    beyond: tuple[str, ...] = ()  # the shape law's answer where the budget passes the measured range (explorer.extrapolate)
 
     @property
     def margin(self) -> float | None:
@@ -300,8 +301,10 @@ class Recommendation:
         elif self.baseline is not None:
             out.append(f"baseline {self.baseline_key} ({format_count(self.baseline_params or 0)} params, {self.metric} "
                        f"{self.baseline_value:.4g}): " + self.baseline.words(self.key, "the baseline", unit, what))
-        out.append("verify around it: " + "; ".join(self.verify))
-        return out
+        around = [k for k in self.verify if k != self.key]
+        if around:
+            out.append(f"to check it, measure its neighbours too (`explorer recommend ... --verify` queues them): {'; '.join(around)}")
+        return out + list(self.beyond)
 
 
 def _measurements(df: pd.DataFrame) -> pd.DataFrame:

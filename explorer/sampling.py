@@ -36,6 +36,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, IntD
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
+from explorer.identity import current_trials
 from explorer.space import Config, SearchSpace
 
 LOG_SCALE = ("heads", "width", "mlp")  # multiplicative dimensions: 8 heads is to 4 as 4 is to 2
@@ -152,7 +153,7 @@ def _taken(encoding: Encoding, study: optuna.Study, number: int | None = None) -
     """Keys of configurations no new trial should take: complete, pruned, running, queued, or failed by
     the trial itself (a trial failed by its worker's death is retried: it does not count)."""
     out = set()
-    for t in study.get_trials(deepcopy=False):
+    for t in current_trials(study):
         if t.number == number or (t.state == TrialState.FAIL and "fail_reason" not in t.user_attrs):
             continue
         key = encoding.key_of(t)
@@ -274,7 +275,7 @@ class BudgetSampler(BaseSampler):
         and keeps proposing its neighbours."""
         index = {k: i for i, k in enumerate(self.encoding.keys)}
         done, cut = [], []
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        for t in current_trials(study, states=(TrialState.COMPLETE, TrialState.PRUNED)):
             i, curve = index.get(self.encoding.key_of(t)), t.user_attrs.get("curve") or []
             if i is None or "duplicate_of" in t.user_attrs:  # answered from storage: no new observation
                 continue

@@ -62,22 +62,38 @@ def test_a_study_whose_trials_all_failed_says_so_in_one_line_each(tmp_path: Path
 
 
 def test_retry_failed_runs_failed_configurations_again_after_the_cause_is_fixed(tmp_path: Path) -> None:
-    path = write_study(tmp_path, budget=ABSURD_LR, n_trials=2, sampler={"name": "random", "seed": 0})
+    """A cause outside the study's identity (a trial time limit too short): plain `run` trains nothing
+    more, `run --retry-failed` measures the failed configurations."""
+    path = write_study(tmp_path, n_trials=2, sampler={"name": "random", "seed": 0}, trial_timeout_s=0.001,
+                       budget={"epochs": 4, "batch_size": 16, "lr": 0.003, "seed": 0})
     assert cli("run", path, "--no-dashboard").returncode == 1
     doc = yaml.safe_load(path.read_text())
-    doc["budget"]["lr"] = 0.003
+    doc["trial_timeout_s"] = 600
     path.write_text(yaml.safe_dump(doc))
-    forced = cli("run", path, "--force", "--no-dashboard")  # the budget changed: --force, and nothing failed is re-run
-    assert forced.returncode == 0 and "0/2 configurations measured" in forced.stdout, forced.stdout + forced.stderr
-    retried = cli("run", path, "--force", "--retry-failed", "--no-dashboard")
+    again = cli("run", path, "--no-dashboard")
+    assert again.returncode == 0 and "0/2 configurations measured (2 more failed)" in again.stdout, again.stdout + again.stderr
+    retried = cli("run", path, "--retry-failed", "--no-dashboard")
     assert retried.returncode == 0, retried.stdout + retried.stderr
     assert "queued again 2 failed configurations" in retried.stderr and "2/2 configurations measured" in retried.stdout
     ostudy = explorer.load(path).optuna_study()
     complete = ostudy.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
     assert len(complete) == 2 and all("retry_of_failed" in t.user_attrs for t in complete)
-    again = cli("run", path, "--force", "--retry-failed", "--no-dashboard")  # nothing left to retry: nothing trains
-    assert again.returncode == 0 and "queued again" not in again.stderr
+    once_more = cli("run", path, "--retry-failed", "--no-dashboard")  # nothing left to retry: nothing trains
+    assert once_more.returncode == 0 and "queued again" not in once_more.stderr
     assert len(explorer.load(path).optuna_study().get_trials(states=(optuna.trial.TrialState.COMPLETE,))) == 2
+
+
+def test_a_budget_fixed_with_force_measures_the_failed_configurations_again(tmp_path: Path) -> None:
+    """An absurd lr fixed in the YAML changes the study's identity: `run --force` measures every
+    configuration under the new budget and sets the failed trials aside."""
+    path = write_study(tmp_path, budget=ABSURD_LR, n_trials=2, sampler={"name": "random", "seed": 0})
+    assert cli("run", path, "--no-dashboard").returncode == 1
+    doc = yaml.safe_load(path.read_text())
+    doc["budget"]["lr"] = 0.003
+    path.write_text(yaml.safe_dump(doc))
+    forced = cli("run", path, "--force", "--no-dashboard")
+    assert forced.returncode == 0 and "2/2 configurations measured" in forced.stdout, forced.stdout + forced.stderr
+    assert "2 trials of an earlier version of this study" in forced.stdout
 
 
 def test_help_has_text_for_every_option_of_run_and_resume() -> None:
@@ -101,3 +117,21 @@ def test_the_python_api_is_as_quiet_as_the_command_line(tmp_path: Path, caplog: 
         optuna.logging.set_verbosity(before)
     assert exp.trials()["state"].eq("COMPLETE").sum() == 2 and not [r for r in caplog.records if "finished with value" in r.getMessage()]
     assert not [w for w in seen if issubclass(w.category, optuna.exceptions.ExperimentalWarning)]
+
+
+def test_run_force_at_a_new_budget_measures_every_configuration_again_and_sets_the_old_trials_aside(tmp_path: Path) -> None:
+    """Issue 20, defect 5: 1 epoch, then --force at 2 epochs with 2 seeds mixed the budgets ([1-epoch, 2-epoch]
+    per configuration, n = 2) and never ran the 2-epoch seed 0. Trials record the identity they ran under."""
+    path = write_study(tmp_path, budget={"epochs": 1, "batch_size": 128, "lr": 0.003, "seed": 0})
+    assert cli("run", path, "--no-dashboard").returncode == 0
+    doc = yaml.safe_load(path.read_text())
+    doc["budget"].update(epochs=2, seeds=2)
+    doc["replicates"] = {"policy": "fixed"}
+    path.write_text(yaml.safe_dump(doc))
+    forced = cli("run", path, "--force", "--no-dashboard")
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    assert "6/6 configurations measured, 12 runs" in forced.stdout and "6 trials of an earlier version" in forced.stdout
+    stats = explorer.load(path).stats()
+    assert len(stats) == 6 and (stats["n"] == 2).all() and all(sorted(s) == [0, 1] for s in stats["seeds"])
+    current = explorer.load(path).measured()
+    assert len(current) == 12 and current["curve"].map(len).eq(2).all()  # every read run is a 2-epoch run

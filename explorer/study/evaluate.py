@@ -18,6 +18,7 @@ import optuna
 from explorer import checkpoints
 from explorer.conditioning import kappa_attrs, space_regime
 from explorer.errors import ExplorerError, TrialFailed
+from explorer.identity import current_key, is_current
 from explorer.space import Config
 from explorer.study.read import peers
 from explorer.train import TrialResult, run_trial
@@ -39,6 +40,7 @@ class Evaluator:
         categorical `arch` too, which queues, executors and dashboards read.
         """
         study = self.study
+        trial.set_user_attr("identity", study.identity_key)  # the question this trial answers (explorer.identity)
         with self._sampling:  # Optuna samples lazily, at the first suggest: the whole proposal is stored inside the lock
             return study.encoding(trial.study if not hasattr(study, "_encoding") else None).suggest(trial)
 
@@ -123,4 +125,5 @@ class Evaluator:
         attrs = trials[number].user_attrs
         if attrs.get("replicate") or attrs.get("verify"):
             return False
-        return study.pruner.should_prune(epoch, value, cfg.params, peers(trials, number), cfg.key)
+        key = current_key(ostudy)
+        return study.pruner.should_prune(epoch, value, cfg.params, peers([t for t in trials if is_current(t, key)], number), cfg.key)

@@ -14,6 +14,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import optuna
 
+from explorer.frame import trials_frame
+from explorer.identity import current_rows, current_trials
+from explorer.pruning import come_back
 from explorer.replicates import wanted
 from explorer.study.read import counts, runs_regardless
 from explorer.study.storage import storage_of, trial_storage_id
@@ -48,7 +51,7 @@ class Queue:
         study = self.study
         if study.spec.sampler.name != "grid":
             return []
-        taken = {arch(t) for t in ostudy.get_trials(deepcopy=False)}
+        taken = {arch(t) for t in current_trials(ostudy)}
         free = study.space.free_dims
         ordered = [study.keys[i] for i in spread_order([[cfg.dims[d] for d in free] for cfg in study.configs.values()])]
         missing = [key for key in ordered if key not in taken]
@@ -60,7 +63,7 @@ class Queue:
         """Queued trials not yet taken by any worker, after re-queueing the work of dead workers."""
         self.study.store.repair(ostudy)
         self._requeue_lost(ostudy)
-        return len(ostudy.get_trials(deepcopy=False, states=(_WAITING,)))
+        return len(current_trials(ostudy, states=(_WAITING,)))
 
     def _requeue_lost(self, ostudy: optuna.Study) -> None:
         """Queue again a grid configuration whose every trial died with its worker and was not retried.
@@ -73,7 +76,7 @@ class Queue:
             return
         alive: set[str] = set()
         deaths: dict[str, int] = {}
-        for t in ostudy.get_trials(deepcopy=False):
+        for t in current_trials(ostudy):
             if t.user_attrs.get("replicate"):  # `replicates` queues a lost replicate again
                 continue
             key = arch(t)
@@ -98,7 +101,7 @@ class Queue:
         running: with heartbeats this happens by itself after the grace period.
         """
         numbers = []
-        for t in ostudy.get_trials(deepcopy=False, states=(_RUNNING,)):
+        for t in current_trials(ostudy, states=(_RUNNING,)):
             ostudy.tell(t.number, state=_FAIL)
             self.requeue(ostudy, t)
             numbers.append(t.number)
@@ -110,7 +113,7 @@ class Queue:
         Trials whose worker died are retried by themselves and are not touched here."""
         failed: dict[tuple[str, int], optuna.trial.FrozenTrial] = {}
         settled: set[tuple[str, int]] = set()
-        for t in ostudy.get_trials(deepcopy=False):
+        for t in current_trials(ostudy):
             key = (arch(t), self.study.seed_of(t))
             if t.state == _FAIL and "fail_reason" in t.user_attrs:
                 failed.setdefault(key, t)
@@ -133,15 +136,29 @@ class Queue:
         rounds, only once every configuration the study asked for is measured and nothing is queued or running.
         """
         seeds = self.study.seeds
-        if len(seeds) == 1:
-            return []
         with self._queueing:
-            return self._queue_replicates(ostudy, seeds)
+            self._bring_back_pruned(ostudy)
+            return self._queue_replicates(ostudy, seeds) if len(seeds) > 1 else []
+
+    def _bring_back_pruned(self, ostudy: optuna.Study) -> list[str]:
+        """Queue once more each pruned, never completed configuration that the pruner would no longer stop
+        given the complete trials stored now (explorer.pruning.come_back): a pruned configuration is not
+        buried for good when the evidence against it weakens. Each comes back once."""
+        if self.study.spec.pruner.name != "dominated":
+            return []
+        trials = current_trials(ostudy)
+        if any(t.state in (_WAITING, _RUNNING) for t in trials):
+            return []  # in between rounds only, when the evidence is what it will be
+        back = {arch(t) for t in trials if "came_back" in t.user_attrs}
+        keys = [k for k in come_back(self.study.pruner, current_rows(trials_frame(ostudy), ostudy)) if k not in back]
+        for key in keys:
+            ostudy.enqueue_trial({"arch": key}, user_attrs={"came_back": True})
+        return keys
 
     def _queue_replicates(self, ostudy: optuna.Study, seeds: list[int]) -> list[tuple[str, int]]:
         study = self.study
-        trials = ostudy.get_trials(deepcopy=False)
-        adaptive = study.spec.replicates.policy == "adaptive"
+        trials = current_trials(ostudy)
+        adaptive = study.spec.replicates.policy != "fixed"  # adaptive and decide: one seed more per round
         if adaptive and (any(t.state in (_WAITING, _RUNNING) for t in trials) or self._to_n(ostudy, trials) > 0):
             return []
         taken: dict[str, set[int]] = {}
@@ -153,7 +170,11 @@ class Queue:
             if not died or deaths[key, seed] >= MAX_WORKER_DEATHS:  # one that keeps killing its worker is left
                 taken.setdefault(key, set()).add(seed)
         queued = []
-        for key in wanted(study.reads.summary(ostudy, draws=None if adaptive else 0), len(seeds), study.spec.replicates):
+        base = study.space.baseline
+        summary = study.reads.summary(ostudy, draws=None if study.spec.replicates.policy == "adaptive" else 0)
+        for key in wanted(summary, len(seeds), study.spec.replicates, budgets=study.budgets(),
+                          baseline=base.key if base else None, higher_is_better=study.task.higher_is_better,
+                          decision=study.spec.decision):
             missing = [s for s in seeds if s not in taken.get(key, set())]
             for seed in missing[:1] if adaptive else missing:
                 ostudy.enqueue_trial({"arch": key}, user_attrs={"seed": seed, "replicate": True})
@@ -165,7 +186,7 @@ class Queue:
 
         A configuration already measured is not queued; one waiting in a grid's queue is marked.
         """
-        taken = {arch(t): t for t in ostudy.get_trials(deepcopy=False)}
+        taken = {arch(t): t for t in current_trials(ostudy)}
         queued = []
         for key in keys:
             t = taken.get(key)
@@ -180,20 +201,20 @@ class Queue:
 
     def stalled(self, ostudy: optuna.Study) -> bool:
         """Whether the sampler's last MAX_DUPLICATE_RUN proposals were all measured already."""
-        last = [t for t in ostudy.get_trials(deepcopy=False) if t.state.is_finished()][-MAX_DUPLICATE_RUN:]
+        last = [t for t in current_trials(ostudy) if t.state.is_finished()][-MAX_DUPLICATE_RUN:]
         return len(last) == MAX_DUPLICATE_RUN and all("duplicate_of" in t.user_attrs for t in last)
 
     def remaining(self, ostudy: optuna.Study) -> int:
         """Trials still to run: configurations to measure up to `n_trials` (no more than those never
         measured), plus queued replicates and verification trials, which run whatever `n_trials` says."""
-        trials = ostudy.get_trials(deepcopy=False)
+        trials = current_trials(ostudy)
         extra = sum(t.state == _WAITING and runs_regardless(t) for t in trials)
         return self._to_n(ostudy, trials) + extra
 
     def unstarted(self, ostudy: optuna.Study) -> int:
         """Trials no worker has started yet: `remaining` less the configurations being measured now,
         and for a grid no more than its queue (what a worker asking now would get)."""
-        trials = ostudy.get_trials(deepcopy=False)
+        trials = current_trials(ostudy)
         waiting = [t for t in trials if t.state == _WAITING]
         extra = sum(runs_regardless(t) for t in waiting)
         running = sum(t.state == _RUNNING and not runs_regardless(t) for t in trials)

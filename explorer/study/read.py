@@ -1,5 +1,6 @@
 """The read side of a study: which stored trials are measurements, counts of them, and the
-per-configuration summary that `status`, `export`, `recommend`, `dashboard` and the queue share.
+per-configuration summary that `status`, `export`, `recommend`, `dashboard` and the queue share. Only the
+trials of the study's current identity are read (explorer.identity).
 
 Nothing here writes to the storage.
 """
@@ -12,6 +13,7 @@ import optuna
 import pandas as pd
 
 from explorer.frame import trials_frame
+from explorer.identity import current_rows, current_trials, current_key
 from explorer.pruning import Peer
 from explorer.stats import summarize
 
@@ -34,14 +36,16 @@ def is_measured(t: optuna.trial.FrozenTrial) -> bool:
 
 def counts(t: optuna.trial.FrozenTrial) -> bool:
     """Whether a trial counts towards `n_trials`: a measurement of a configuration, not a replicate of
-    one nor the retry of a failed one."""
-    return is_measured(t) and not t.user_attrs.get("replicate") and "retry_of_failed" not in t.user_attrs
+    one, nor the retry of a failed or pruned one (a configuration counts once)."""
+    again = ("retry_of_failed", "came_back")
+    return is_measured(t) and not t.user_attrs.get("replicate") and not any(k in t.user_attrs for k in again)
 
 
 def runs_regardless(t: optuna.trial.FrozenTrial) -> bool:
     """Trials that run whatever `n_trials` says: their configuration is measured on purpose (a replicate
-    seed, a verification, or the retry of a failed configuration)."""
-    return bool(t.user_attrs.get("verify") or t.user_attrs.get("replicate") or "retry_of_failed" in t.user_attrs)
+    seed, a verification, the retry of a failed configuration, a pruned one brought back)."""
+    attrs = t.user_attrs
+    return bool(attrs.get("verify") or attrs.get("replicate") or "retry_of_failed" in attrs or "came_back" in attrs)
 
 
 def peers(trials: list[optuna.trial.FrozenTrial], number: int) -> list[Peer]:
@@ -58,23 +62,28 @@ class Reads:
 
     def finished(self, ostudy: optuna.Study) -> int:
         """Measurements so far, replicates included (see `is_measured`)."""
-        return sum(is_measured(t) for t in ostudy.get_trials(deepcopy=False))
+        return sum(is_measured(t) for t in current_trials(ostudy))
 
     def configurations(self, ostudy: optuna.Study) -> int:
         """Configurations measured so far (complete, pruned or failed by itself): what `n_trials` counts."""
-        return len({t.params.get("arch") for t in ostudy.get_trials(deepcopy=False) if counts(t)})
+        return len({t.params.get("arch") for t in current_trials(ostudy) if counts(t)})
 
     def outcomes(self, ostudy: optuna.Study) -> tuple[int, int]:
         """(configurations with a result: a complete or pruned trial; configurations whose every trial failed
         by itself): what `status` says, so that failed configurations never read as measured."""
         results, failed = set(), set()
-        for t in ostudy.get_trials(deepcopy=False):
+        for t in current_trials(ostudy):
             if is_measured(t):
                 (failed if t.state == _FAIL else results).add(t.params.get("arch"))
         return len(results), len(failed - results)
 
+    def set_aside(self, ostudy: optuna.Study) -> int:
+        """Trials that ran under an earlier identity (before `run --force` changed the budget, say): kept, not read."""
+        key = current_key(ostudy)
+        return sum(t.user_attrs.get("identity", key) != key for t in ostudy.get_trials(deepcopy=False))
+
     def failures(self, ostudy: optuna.Study) -> int:
-        return sum(t.state == _FAIL and "fail_reason" in t.user_attrs for t in ostudy.get_trials(deepcopy=False))
+        return sum(t.state == _FAIL and "fail_reason" in t.user_attrs for t in current_trials(ostudy))
 
     def too_many_failures(self, ostudy: optuna.Study) -> bool:
         """Whether `max_failures` trials failed by themselves: the study stops, it would fail them all."""
@@ -84,7 +93,7 @@ class Reads:
     def completed(self, ostudy: optuna.Study) -> dict[tuple[str, int], optuna.trial.FrozenTrial]:
         """The first completed measurement of each (configuration, seed)."""
         out: dict[tuple[str, int], optuna.trial.FrozenTrial] = {}
-        for t in ostudy.get_trials(deepcopy=False, states=(_COMPLETE,)):
+        for t in current_trials(ostudy, states=(_COMPLETE,)):
             if "duplicate_of" not in t.user_attrs:
                 out.setdefault((t.params.get("arch"), self.study.seed_of(t)), t)
         return out
@@ -93,7 +102,7 @@ class Reads:
         """Per-configuration statistics of the stored measurements (explorer.stats.summarize)."""
         objectives = [(o.name, o.direction) for o in self.study.objectives]
         kwargs = {} if draws is None else {"draws": draws}
-        return summarize(trials_frame(ostudy), self.study.task.metric, objectives, **kwargs)
+        return summarize(current_rows(trials_frame(ostudy), ostudy), self.study.task.metric, objectives, first_seed=self.study.seeds[0], **kwargs)
 
     def replicate_cost(self, ostudy: optuna.Study) -> tuple[int, int]:
         """(runs measured, runs that every measured configuration at the maximum seeds would take)."""

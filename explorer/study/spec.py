@@ -17,7 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from explorer import checkpoints
 from explorer.errors import ExplorerError
+from explorer.identity import identity_key
 from explorer.pruning import BinnedPruner, bin_edges
+from explorer.recommend import DecisionSpec
 from explorer.replicates import ReplicateSpec
 from explorer.sampling import BudgetSampler, Encoding, FeasibleSampler, encoding_of
 from explorer.space import Config, SearchSpace, SpaceSpec, load_space
@@ -59,6 +61,7 @@ class PrunerSpec(BaseModel):
     reduction_factor: int = Field(2, ge=2)
     param_bins: int = Field(3, ge=1)
     margin: float = Field(0.0, ge=0)  # dominated only, in the metric's units
+    noise: float = Field(0.0, ge=0)  # dominated only: the replicate sd of the final metric; 0 trusts single runs
 
 
 class ExecutorSpec(BaseModel):
@@ -89,7 +92,8 @@ class StudySpec(BaseModel):
     space: str
     task: dict[str, Any]
     budget: Budget = Budget()
-    replicates: ReplicateSpec = ReplicateSpec()  # how budget.seeds are spent: fixed or adaptive
+    replicates: ReplicateSpec = ReplicateSpec()  # how budget.seeds are spent: fixed, adaptive or decide
+    decision: DecisionSpec = DecisionSpec()  # what counts as decided (margin delta), at which budgets
     objectives: list[Objective] | None = None
     sampler: SamplerSpec = SamplerSpec()
     pruner: PrunerSpec = PrunerSpec()
@@ -237,6 +241,11 @@ class Study:
             "objectives": [f"{o.direction} {o.name}" for o in self.objectives],
         }
 
+    @property
+    def identity_key(self) -> str:
+        """The identity's short name, stored on every trial (explorer.identity)."""
+        return identity_key(self.identity())
+
     # -- what the spec builds ------------------------------------------------------------------
     @cached_property
     def configs(self) -> dict[str, Config]:
@@ -275,12 +284,17 @@ class Study:
         }.get(s.name, lambda: optuna.samplers.RandomSampler(seed=s.seed))()  # grid: the queue decides; random fills
         return FeasibleSampler(enc, inner, seed=s.seed)
 
+    def budgets(self) -> list[int]:
+        """The parameter budgets the study answers (`decision.budgets`, default log-spaced over the space)."""
+        base = self.space.baseline
+        return self.spec.decision.budget_list([c.params for c in self.configs.values()], base.params if base else None)
+
     @cached_property
     def pruner(self) -> BinnedPruner:
         p = self.spec.pruner
         edges = bin_edges([cfg.params for cfg in self.space.configs()], p.param_bins)
         return BinnedPruner(p.name, self.task.higher_is_better, edges, p.warmup_epochs, p.startup_trials, p.reduction_factor,
-                            p.margin, self.spec.budget.epochs)
+                            p.margin, self.spec.budget.epochs, p.noise)
 
 
 def load_study_spec(path: str | Path) -> Study:
