@@ -99,10 +99,11 @@ def _config_note(stats: dict[str, pd.DataFrame]) -> str:
     if not any(is_replicated(s) for s in stats.values()):
         return (f"<p><b>{NO_INTERVALS.capitalize()}</b>: every configuration was trained under one seed, so there "
                 "is no spread, interval or front probability to show; more seeds per configuration give them.</p>")
-    return (f"<p>Mean over seeds, its {LEVEL:.0%} t interval (lo to hi; ± is half its width; variances moderated "
-            "towards the study's pooled replicate variance), P(on front): the probability of being on the Pareto "
-            "front, and for a configuration off the front the front member it is tied with (no evidence either "
-            "is better). Click a column to sort.</p>")
+    return (f"<p>Mean over seeds, its {LEVEL:.0%} t interval (lo to hi; ± is half its width; each variance "
+            "moderated towards a prior fitted on the other configurations' variances, as limma's squeezeVar does, "
+            "or the configuration's own where the variances differ), P(on front): the probability of being on the "
+            "Pareto front, and for a configuration off the front the front member it is tied with (no evidence "
+            "either is better). Click a column to sort.</p>")
 
 
 _STATUS_JS = """
@@ -170,7 +171,9 @@ def _summary(name: str, df: pd.DataFrame, meta: dict[str, Any], summary: pd.Data
 def render(frames: dict[str, pd.DataFrame], out: Path, meta: dict[str, dict]) -> Path:
     """Write the report of one or more studies (name -> `trials_frame`) to `out`; returns `out`.
 
-    `meta[name]` holds `baseline` (config key or None), `objectives`, `metric` and `space`.
+    `meta[name]` holds `baseline` (config key or None), `objectives`, `metric` and `space`; optionally
+    `higher_is_better`, `candidates` (for the shape law) and `first_seed` (the study's first seed: that of
+    a trial stored without one; else 0).
     """
     stats = summaries(frames, meta)
     sections = []
@@ -225,6 +228,7 @@ def render_studies(paths: Sequence[str | Path], out: Path | None = None) -> Path
             "metric": study.task.metric,
             "higher_is_better": study.task.higher_is_better,
             "space": study.space.name,
+            "first_seed": study.seeds[0],  # what a trial stored without a seed trained with
             "candidates": [(c.key, c.dims, c.params) for c in study.space.configs()],
         }
     return render(frames, out or default_output(Path(paths[0]), list(frames)), meta)
