@@ -4,7 +4,7 @@
 
 Both read the same real SQLite storage (load: optuna's `get_trials`, the same for both); render
 (best of --repeat) is figures + HTML written, with plotly.js embedded once in each file.
-explorer's HTML holds five figures and the full trial table, optuna's the front alone.
+explorer's HTML holds six figures, the configuration table and the full trial table, optuna's the front alone.
 
 The study is written by `study.add_trials` for its first 100 trials and, since that costs ~30-50 ms
 a trial (one query per user attr), by one bulk transaction into optuna's own tables for the rest;

@@ -160,7 +160,7 @@ def test_heatmap_and_tables_show_means_with_their_spread(replicated) -> None:
         assert heat["text"][r][c] == f"{row.mean:.3f} ± {(row.hi - row.lo) / 2:.3f}"
         assert f"n {row.n} seeds" in heat["hovertext"][r][c]
     table = re.search(r'<table id="config-table".*?</table>', page, re.S).group(0)
-    assert table.count("<tr>") == 1 + len(summary)
+    assert table.count("<tr>") == 1 + len(summary) and "squeezeVar" in page  # the note says how variances are moderated
     assert re.search(r'<table id="trial-table".*?</table>', page, re.S).group(0).count("<tr>") == 1 + len(frame)
 
 
@@ -238,10 +238,17 @@ def test_every_shipped_study_writes_to_the_one_dashboards_folder_and_no_html_is_
 def test_render_studies_reads_the_yaml_and_its_storage(tmp_path: Path) -> None:
     space = Path(__file__).resolve().parents[1] / "spaces" / "vit-digits.yaml"
     spec = tmp_path / "tiny.yaml"
-    spec.write_text(f"name: tiny\nspace: {space}\ntask: {{name: digits}}\nn_trials: 2\n")
-    fill_study(load_study_spec(spec).open(create=True))  # storage: <dir>/<name>.db, made as `explorer run` does
+    spec.write_text(f"name: tiny\nspace: {space}\ntask: {{name: digits}}\nn_trials: 2\nbudget: {{seed: 3}}\n")
+    ostudy = fill_study(load_study_spec(spec).open(create=True))  # storage: <dir>/<name>.db, as `explorer run` makes it
     page = render_studies([spec], tmp_path / "tiny.html").read_text()
     assert "tiny" in page and "baseline layers=6,heads=2" in page and page.count("Plotly.newPlot(") == len(FIGURES)
+    # its trials carry no seed: each trained with the study's first seed, 3, and is shown under it
+    points = by_arch(plotted(page)["fig-front"][0])
+    for trial in ostudy.get_trials(states=[optuna.trial.TrialState.COMPLETE]):
+        hover = points[trial.params["arch"]]["hover"]
+        assert f"seed 3: {trial.user_attrs['accuracy']:.4g} (trial {trial.number})" in hover
+    table = re.search(r'<table id="config-table".*?</table>', page, re.S).group(0)
+    assert table.count("<td>3: ") == len(points) and "<td>0: " not in table
 
 
 @pytest.mark.browser

@@ -111,7 +111,7 @@ def test_order_held_counts_same_and_equivalent_answers() -> None:
 
 
 def test_dashboard_draws_the_law_past_the_data_and_its_held_out_check() -> None:
-    from explorer.dashboard import _extrapolation_figure
+    from explorer.dashboard.extrapolation import extrapolation_figure as _extrapolation_figure
 
     frame = _synthetic().rename(columns={"key": "arch", "metric": "accuracy"}).assign(state="COMPLETE")
     fig = _extrapolation_figure({"s": frame}, {"s": {"metric": "accuracy"}})
