@@ -29,7 +29,8 @@ from explorer.errors import ExplorerError
 from explorer.executors import get_executor
 from explorer.frame import trials_frame
 from explorer.identity import current_rows
-from explorer.recommend import Recommendation, parse_budget, recommend
+from explorer.decisions import parse_budget
+from explorer.recommend import Recommendation, recommend
 from explorer.space import SpaceSpec
 from explorer.stats import summarize
 from explorer.study import ExecutorSpec, Study, StudySpec, load_study_spec
@@ -135,16 +136,8 @@ class Experiment:
             states=frame["state"].value_counts().to_dict() if len(frame) else {},
             duplicates=len(current_rows(trials_frame(ostudy, duplicates=True), ostudy)) - len(frame),
             seeds=study.seeds, replicates=study.spec.replicates.model_dump(), replicate_runs=runs, replicate_at_max=at_max,
-            summary=self._with_dims(study.reads.summary(ostudy)), trials=frame, set_aside=study.reads.set_aside(ostudy), free_dims=list(study.space.free_dims), metric=self.metric,
+            summary=_with_free_dims(self.study, study.reads.summary(ostudy)), trials=frame, set_aside=study.reads.set_aside(ostudy), free_dims=list(study.space.free_dims), metric=self.metric,
         )
-
-    def _with_dims(self, table: pd.DataFrame) -> pd.DataFrame:
-        """Every free dimension as a column of a per-configuration table (kv_heads too, not only layers/heads)."""
-        configs = self.study.configs
-        for dim in self.study.space.free_dims:
-            if dim not in table and len(table):
-                table[dim] = table["arch"].map(lambda key: configs[key].dims.get(dim) if key in configs else None)
-        return table
 
     def export(self, target: str | Path, format: str = "csv") -> tuple[Path, Path, int, int]:
         """Write the trials table to `target` and the per-configuration table beside it
@@ -190,7 +183,7 @@ class Experiment:
         """Per configuration, from its seeds (explorer.stats.summarize): n, seeds, values, mean, std, se,
         the 95% t interval lo-hi (NaN without replicates), front_prob, on_front, tied_with; and the
         mean over its seeds of FLOPs and κ. Best mean first."""
-        table = self._with_dims(self.study.reads.summary(self.optuna_study()))
+        table = _with_free_dims(self.study, self.study.reads.summary(self.optuna_study()))
         done = self.measured()
         for col in ("flops", "kappa_init_mean", "kappa_final_mean"):
             if col in done and len(table):
@@ -219,68 +212,21 @@ class Experiment:
                                 source=str(study.source))
         rec = recommend(trials, limit, base.key if base else None, self.metric, candidates,
                         study.task.higher_is_better, decision=study.spec.decision, list_ties=list_ties)
-        return replace(rec, beyond=tuple(self._beyond(trials, limit, candidates)))
+        from explorer.extrapolate import past_the_data
 
-    def _beyond(self, trials: pd.DataFrame, limit: int, candidates: list[tuple[str, dict, int]]) -> list[str]:
-        """The shape law's lines where `limit` passes the largest measured configuration and unmeasured ones fit it."""
-        from explorer import extrapolate
+        from explorer.pruning import pruned_within
 
-        done = trials[trials["state"] == "COMPLETE"]
-        if "duplicate_of" in done:
-            done = done[done["duplicate_of"].isna()]
-        top = int(done["params"].max())
-        if limit <= top or not any(top < p <= limit for _, _, p in candidates):
-            return []
-        try:
-            model = extrapolate.fit(done, self.metric, self.study.task.higher_is_better)
-        except ExplorerError as err:
-            return [f"beyond the measured range: no shape law ({err})"]
-        return extrapolate.answer(model, candidates, limit, top).lines()
+        return replace(rec, pruned=tuple(pruned_within(trials, limit)),
+                       beyond=tuple(past_the_data(trials, limit, candidates, self.metric, study.task.higher_is_better)))
 
     def verify_longer(self, rec: Recommendation, epochs: int, seeds: int = 3, on_trial: TrialCallback | None = None,
                       verbose: bool = False) -> list[str]:
-        """Train the pick and the configurations not distinguished from it at `epochs` epochs (seeds 0..seeds-1)
-        and say whether the short runs' order held (explorer.extrapolate.order_held).
+        """Train the pick and the configurations not distinguished from it at `epochs` epochs, `seeds` seeds,
+        as a study of its own in the same storage, and say whether the short runs' order held (explorer.fidelity)."""
+        from explorer.fidelity import verify_longer
 
-        The long runs are a study of their own, `NAME-Nep`, in the same storage: resumable, never mixed
-        with this study's budget, readable with the same tools.
-        """
-        from explorer import extrapolate
-
-        keys = [rec.key, *[k for k in rec.tied if k != rec.key]][:6]
-        long = self._longer_study(epochs, seeds, len(keys))
         with quiet(verbose):
-            ostudy = long.open(create=True, force=True)
-            long.queue.verification(ostudy, keys)
-            get_executor(long.spec.executor.name).run(long, ostudy, on_trial)
-        short = self.stats().set_index("arch")
-        longer = long.reads.summary(long.read(), draws=0).set_index("arch")
-        shared = [k for k in keys if k in short.index and k in longer.index]
-        params = {k: int(short.loc[k, "params"]) for k in shared}
-        margin = self.study.spec.decision.margin(self.study.task.higher_is_better, float(short.loc[rec.key, "mean"]))
-        fidelity = extrapolate.order_held({k: float(short.loc[k, "mean"]) for k in shared},
-                                          {k: float(longer.loc[k, "mean"]) for k in shared}, params, [rec.budget],
-                                          margin, self.study.task.higher_is_better)
-        same = "the order held" if all(fidelity.held) else "the order did NOT hold"
-        out = [f"at {epochs} epochs ({long.spec.name}, {len(long.seeds)} seeds): {same} for budget {rec.budget:,}: "
-               f"short runs pick {fidelity.short_picks[0]}, long runs {fidelity.long_picks[0]}"
-               + (f" (within {margin:.3g} of it)" if fidelity.short_picks[0] != fidelity.long_picks[0] and all(fidelity.held) else "")]
-        out += [f"{k}: {float(short.loc[k, 'mean']):.4g} at {self.study.spec.budget.epochs} epochs, "
-                f"{float(longer.loc[k, 'mean']):.4g} at {epochs}" for k in shared]
-        if len(shared) > 2:
-            out.append(fidelity.lines()[0])
-        return out
-
-    def _longer_study(self, epochs: int, seeds: int, n: int) -> Study:
-        """This study at `epochs` epochs as a study of its own in the same storage: fixed seeds, nothing sampled."""
-        spec = self.study.spec.model_copy(deep=True)
-        spec.name = f"{spec.name}-{epochs}ep"
-        spec.budget = spec.budget.model_copy(update={"epochs": epochs, "seeds": seeds})
-        spec.replicates = spec.replicates.model_copy(update={"policy": "fixed"})
-        spec.sampler = spec.sampler.model_copy(update={"name": "random"})
-        spec.pruner = spec.pruner.model_copy(update={"name": "none"})
-        spec.n_trials, spec.storage = n, self.study.store.url
-        return Study(spec, self.study.source, self.study.space)
+            return verify_longer(self.study, self.stats(), rec, epochs, seeds, on_trial)
 
     def verify(self, rec: Recommendation) -> list[str]:
         """Queue the configurations `rec` names for verification in the study; returns those queued
@@ -291,6 +237,15 @@ class Experiment:
     def dashboard(self, out: str | Path | None = None) -> Path:
         """Write the self-contained HTML dashboard; returns its path."""
         return dashboard([self.study.source], out)
+
+
+def _with_free_dims(study: Study, table: pd.DataFrame) -> pd.DataFrame:
+    """Every free dimension as a column of a per-configuration table (kv_heads too, not only layers/heads)."""
+    configs = study.configs
+    for dim in study.space.free_dims:
+        if dim not in table and len(table):
+            table[dim] = table["arch"].map(lambda key: configs[key].dims.get(dim) if key in configs else None)
+    return table
 
 
 @contextmanager

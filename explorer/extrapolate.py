@@ -345,3 +345,20 @@ def order_held(short: Mapping[str, float], long: Mapping[str, float], params: Ma
         floor.append(np.mean([sign * (long[pl] - long[k]) <= margin for k in inside]))
     return Fidelity(float(tau), float(p_value), tuple(used), tuple(picks_s), tuple(picks_l),
                     tuple(held), float(np.mean(floor)) if floor else math.nan, margin, tuple(gaps))
+
+
+def past_the_data(trials: pd.DataFrame, budget: int, candidates: Sequence[Candidate], metric: str,
+                  higher_is_better: bool) -> list[str]:
+    """recommend's lines past the measured range: the shape law's answer where `budget` passes the largest
+    measured configuration of `trials` (a trials frame) and unmeasured candidates fit in it; else none."""
+    done = trials[trials["state"] == "COMPLETE"]
+    if "duplicate_of" in done:
+        done = done[done["duplicate_of"].isna()]
+    top = int(done["params"].max())
+    if budget <= top or not any(top < p <= budget for _, _, p in candidates):
+        return []
+    try:
+        model = fit(done, metric, higher_is_better)
+    except ExplorerError as err:
+        return [f"beyond the measured range: no shape law ({err})"]
+    return answer(model, candidates, budget, top).lines()

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
-from explorer.recommend import DecisionSpec, decide
+from explorer.decisions import DecisionSpec, decide
 from explorer.stats import FRONT_DRAWS, compare, groups_of, summarize
 
 

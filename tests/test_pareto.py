@@ -13,7 +13,8 @@ import pytest
 from explorer.errors import ExplorerError
 from explorer.frame import columns, trials_frame
 from explorer.pareto import front_over_time, hypervolume, knee, pareto_mask, reference_point
-from explorer.recommend import parse_budget, recommend
+from explorer.decisions import parse_budget
+from explorer.recommend import recommend
 
 WIDTH, MLP = 64, 128
 LAYERS, HEADS = (1, 2, 3, 4, 5, 6), (1, 2, 4, 8)

@@ -17,10 +17,9 @@ from explorer import stats
 from explorer.cli import app
 from explorer.errors import ExplorerError
 from explorer.executors.local import LocalExecutor
-from explorer.frame import trials_frame
 from explorer.pareto import pareto_mask
 from explorer.recommend import recommend
-from explorer.recommend import DecisionSpec
+from explorer.decisions import DecisionSpec
 from explorer.replicates import ReplicateSpec, replay, seeds_by_rank
 from explorer.study import load_study_spec
 from explorer.tasks import get_task

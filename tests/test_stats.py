@@ -8,7 +8,8 @@ import pytest
 from scipy import special
 
 from explorer import stats
-from explorer.recommend import DecisionSpec, decide, recommend
+from explorer.decisions import DecisionSpec, decide
+from explorer.recommend import recommend
 
 OBJECTIVES = [("accuracy", "maximize"), ("params", "minimize")]
 
@@ -146,3 +147,15 @@ def test_trials_without_a_seed_read_as_the_first_seed() -> None:
     df = frame(np.array([[0.9], [0.8]])).assign(seed=[np.nan, 3])
     table = stats.summarize(df, "accuracy", OBJECTIVES, draws=0, first_seed=3)
     assert list(table["seeds"]) == [[3], [3]]
+
+
+def test_bartlett_matches_scipy() -> None:
+    """explorer.stats computes Bartlett's test without importing scipy.stats: same p-value as scipy's."""
+    from scipy import stats as scipy_stats
+
+    from explorer.stats import _bartlett
+
+    rng = np.random.default_rng(0)
+    groups = [rng.normal(0, sd, n) for sd, n in ((1, 3), (2, 4), (0.5, 3), (3, 6))]
+    assert np.isclose(_bartlett(groups), scipy_stats.bartlett(*groups).pvalue, rtol=1e-10)
+    assert np.isnan(_bartlett([np.ones(3), rng.normal(size=3)]))  # one group varies: no test

@@ -23,6 +23,7 @@ from explorer.dashboard.plots import FIGURES, figures
 from explorer.dashboard.reading import is_replicated, metric_of, summaries
 from explorer.dashboard.text import NO_INTERVALS, esc, interval_text, num
 from explorer.frame import trials_frame
+from explorer.identity import current_rows
 from explorer.stats import LEVEL
 from explorer.study import load_study_spec
 from explorer.units import format_count
@@ -221,7 +222,8 @@ def render_studies(paths: Sequence[str | Path], out: Path | None = None) -> Path
     for path in paths:
         study = load_study_spec(path)
         name = study.spec.name
-        frames[name] = trials_frame(study.read())
+        ostudy = study.read()
+        frames[name] = current_rows(trials_frame(ostudy), ostudy)  # trials of an earlier identity are set aside
         meta[name] = {
             "baseline": study.space.baseline.key if study.space.baseline else None,
             "objectives": [(o.name, o.direction) for o in study.objectives],

@@ -19,7 +19,7 @@ from explorer import checkpoints
 from explorer.errors import ExplorerError
 from explorer.identity import identity_key
 from explorer.pruning import BinnedPruner, bin_edges
-from explorer.recommend import DecisionSpec
+from explorer.decisions import DecisionSpec
 from explorer.replicates import ReplicateSpec
 from explorer.sampling import BudgetSampler, Encoding, FeasibleSampler, encoding_of
 from explorer.space import Config, SearchSpace, SpaceSpec, load_space
