@@ -40,7 +40,7 @@ from rich.table import Table  # noqa: E402
 
 from explorer.errors import ExplorerError  # noqa: E402
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Which (layers, heads) split gives the best accuracy for a parameter budget?")
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -107,7 +107,7 @@ def params(
     width: Annotated[Optional[int], typer.Option()] = None,
     mlp: Annotated[Optional[int], typer.Option()] = None,
     dim: Annotated[list[str], typer.Option(help="another dimension, NAME=VALUE (repeatable)")] = [],
-    format: Annotated[Format, typer.Option("--format", "-f")] = Format.table,
+    format: Annotated[Format, typer.Option("--format", "-f", help="a table, or csv or json for other programs")] = Format.table,
 ) -> None:
     """Count parameters exactly: every feasible configuration of a space, or one configuration."""
     from explorer import api
@@ -240,7 +240,7 @@ def _status(exp, failures: bool = True, list_ties: bool = False) -> None:
                   "before `run --force`) are kept in the storage and set aside", markup=False)
     if len(st.seeds) > 1 and st.replicate_at_max:
         policy = st.replicates
-        how = f"adaptive, confidence {policy['confidence']:g}" if policy["policy"] == "adaptive" else "fixed"
+        how = f"adaptive, confidence {policy['confidence']:g}" if policy["policy"] == "adaptive" else policy["policy"]
         out.print(f"replicates ({how}), seeds {st.seeds}: {st.replicate_runs} runs of the {st.replicate_at_max} that every measured "
                   f"configuration at {len(st.seeds)} seeds would take ({st.replicate_runs / max(st.replicate_at_max, 1):.0%})", markup=False)
     if len(st.summary):
@@ -292,8 +292,8 @@ class ExportFormat(str, Enum):
 
 @app.command()
 def export(
-    study: Annotated[Path, typer.Argument()],
-    format: Annotated[ExportFormat, typer.Option("--format", "-f")] = ExportFormat.csv,
+    study: Annotated[Path, typer.Argument(help="a study YAML")],
+    format: Annotated[ExportFormat, typer.Option("--format", "-f", help="csv, or parquet (types kept)")] = ExportFormat.csv,
     out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="default: beside the study YAML")] = None,
 ) -> None:
     """Write the trials table and, beside it, the per-configuration table, with pandas.
@@ -333,7 +333,7 @@ def dashboard(
 
 @app.command()
 def recommend(
-    study: Annotated[Path, typer.Argument()],
+    study: Annotated[Path, typer.Argument(help="a study YAML")],
     budget: Annotated[str, typer.Option(help="60M, 250k, 1.5e6, or 10%-below-baseline")],
     verify: Annotated[bool, typer.Option(help="queue the recommended configuration's unmeasured neighbours in the study "
                                               "(with --epochs: train the pick and its rivals longer now)")] = False,
@@ -382,7 +382,7 @@ def condition(
              "(the theorem's case, where a Gaussian A's κ falls with heads); or both")] = RegimeChoice.fixed_width,
     head_dim: Annotated[Optional[int], typer.Option(
         min=1, help="head dimension of the fixed-head-dim sweep (default: the space's largest)")] = None,
-    format: Annotated[Format, typer.Option("--format", "-f")] = Format.table,
+    format: Annotated[Format, typer.Option("--format", "-f", help="a table, or csv or json for other programs")] = Format.table,
 ) -> None:
     """κ(A) = σ₁/σ_k of the attention blocks' concatenated head outputs at initialisation, against heads.
 

@@ -253,11 +253,11 @@ class Comparison:
 
     def words(self, a: str, b: str, unit: float = 100.0, what: str = "points") -> str:
         """'a beats b: +2.1 ± 1.0 points (paired, 3 seeds)' or 'no evidence that a beats b: ...'."""
-        basis = f"paired over {self.n} seeds" if self.n else "unpaired"
+        basis = f"paired over {self.n} seed{'s' if self.n != 1 else ''}" if self.n else "unpaired"
         if not np.isfinite(self.half):
             return f"{a} vs {b}: {unit * self.diff:+.1f} {what} on one seed each: no interval, so no evidence either way"
-        simultaneous = f" simultaneous over {self.family} comparisons" if self.family > 1 else ""
-        shown = f"{unit * self.diff:+.1f} ± {unit * self.half:.1f} {what} ({basis}, {self.level:.0%}{simultaneous} interval)"
+        simultaneous = f", simultaneous over {self.family} comparisons" if self.family > 1 else ""
+        shown = f"{unit * self.diff:+.1f} ± {unit * self.half:.1f} {what} ({basis}, {self.level:.0%} interval{simultaneous})"
         if self.tied:
             return f"no evidence that {a} differs from {b}: tied, difference {shown}"
         return f"{a} beats {b}: {shown}" if self.diff > 0 else f"{a} is worse than {b}: {shown}"
