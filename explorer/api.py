@@ -133,7 +133,7 @@ class Experiment:
         return Status(
             name=self.name, n_trials=study.spec.n_trials, outcomes=study.reads.outcomes(ostudy),
             runs=study.reads.finished(ostudy),
-            states=frame["state"].value_counts().to_dict() if len(frame) else {},
+            states=_states(frame),
             duplicates=len(current_rows(trials_frame(ostudy, duplicates=True), ostudy)) - len(frame),
             seeds=study.seeds, replicates=study.spec.replicates.model_dump(), replicate_runs=runs, replicate_at_max=at_max,
             summary=_with_free_dims(self.study, study.reads.summary(ostudy)), trials=frame, set_aside=study.reads.set_aside(ostudy), free_dims=list(study.space.free_dims), metric=self.metric,
@@ -246,6 +246,14 @@ def _with_free_dims(study: Study, table: pd.DataFrame) -> pd.DataFrame:
         if dim not in table and len(table):
             table[dim] = table["arch"].map(lambda key: configs[key].dims.get(dim) if key in configs else None)
     return table
+
+
+def _states(frame: pd.DataFrame) -> dict[str, int]:
+    """Trials by state, an interrupted trial (Ctrl-C; its configuration is queued again) apart from failures."""
+    if not len(frame):
+        return {}
+    interrupted = frame["interrupted"].notna() if "interrupted" in frame else False
+    return frame["state"].mask((frame["state"] == "FAIL") & interrupted, "INTERRUPTED").value_counts().to_dict()
 
 
 @contextmanager

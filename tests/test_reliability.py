@@ -23,6 +23,7 @@ import torch
 import yaml
 from conftest import TINY_SPACE, write_study
 
+import explorer
 from explorer.errors import ExplorerError
 from explorer.executors.local import LocalExecutor
 from explorer.families import get_family
@@ -408,6 +409,9 @@ def test_ctrl_c_mid_trial_exits_130_with_how_to_resume_and_the_trial_resumes_fro
     ostudy = study.read()
     (stopped,) = ostudy.get_trials(states=(FAIL,))
     assert stopped.number == next(t.number for t in trials if t.state == RUNNING)
+    assert "interrupted" in stopped.user_attrs and "fail_reason" not in stopped.user_attrs
+    states = explorer.load(path).status().states  # counted apart from failures
+    assert states.get("INTERRUPTED") == 1 and "FAIL" not in states
     retry = [t for t in ostudy.get_trials(states=(optuna.trial.TrialState.WAITING,)) if t.user_attrs.get("retry_of") == stopped.number]
     assert retry and (study.checkpoint_dir(study.configs[stopped.params["arch"]], stopped.number) / "checkpoint.pt").exists()
     ostudy = run(path, create=False)
