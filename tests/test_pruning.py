@@ -125,3 +125,22 @@ def test_budget_sampler_does_not_count_answers_from_storage(tmp_path: Path) -> N
         ostudy.add_trial(optuna.trial.create_trial(params=enc.params(enc.configs[0]), distributions=enc.distributions,
                                                    user_attrs=attrs, values=[0.7, enc.configs[0].params]))
     assert BudgetSampler(enc, 0, True)._observations(ostudy) == [(0, 0.7)]
+
+
+def test_the_queue_brings_a_pruned_configuration_back_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between rounds the queue asks `come_back` (tested above) and queues each answer once, on top of n_trials."""
+    study = load_study_spec(write_study(tmp_path, n_trials=1, sampler={"name": "random", "seed": 0},
+                                        pruner={"name": "dominated", "warmup_epochs": 1, "startup_trials": 1}))
+    ostudy = study.open()
+    asked: list[int] = []
+
+    def pruned_then_cleared(pruner: BinnedPruner, frame: pd.DataFrame) -> list[str]:
+        asked.append(len(frame))
+        return ["layers=1,heads=1"]
+
+    monkeypatch.setattr("explorer.study.queue.come_back", pruned_then_cleared)
+    study.queue.replicates(ostudy)
+    study.queue.replicates(ostudy)  # queued and waiting: no second copy, and no call while it waits
+    (back,) = ostudy.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert back.user_attrs["came_back"] and back.system_attrs["fixed_params"]["arch"] == "layers=1,heads=1"
+    assert asked == [0] and study.queue.remaining(ostudy) == 1 + 1  # n_trials' one configuration, plus it
