@@ -168,7 +168,7 @@ STUDY = yaml.safe_load((ROOT / "studies" / "digits-vit-trade.yaml").read_text())
     ("studies", {**STUDY, "budget": {**STUDY["budget"], "epoch": 3}}, "budget.epoch: unknown field (did you mean epochs?)"),
     ("studies", {**STUDY, "executor": {"name": "local", "cpus": 1}}, "executor.cpus: unknown field (did you mean cpu?)"),
     ("studies", {**STUDY, "task": {"name": "digits", "img_sise": 8}}, "task.img_sise: unknown field (did you mean img_size?)"),
-    ("studies", {**STUDY, "colour": 1}, "colour: unknown field (known: name, space, task, budget, replicates, objectives"),
+    ("studies", {**STUDY, "colour": 1}, "colour: unknown field (known: name, space, task, budget, replicates, decision, objectives"),
 ], ids=["space-top", "space-nested", "study-missing-field", "study-budget", "study-executor", "study-task", "study-no-match"])
 def test_unknown_key_is_named_first_with_its_close_match(tmp_path: Path, folder: str, doc: dict, words: str) -> None:
     with workdir(tmp_path) as tmp:
