@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -265,7 +266,9 @@ def test_report_renders_in_headless_chromium(which: str, request: pytest.Fixture
         f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000",
     ]
     url = report.resolve().as_uri()
-    dom = subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+    # fontconfig and Chromium write caches and settings under $HOME whatever --user-data-dir says: keep them here
+    env = {**os.environ, "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    dom = subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=120, env=env).stdout
     root = re.search(r"<html[^>]*>", dom)
     assert root, dom[:500]
     assert "data-errors" not in root.group(0), root.group(0)
@@ -273,6 +276,6 @@ def test_report_renders_in_headless_chromium(which: str, request: pytest.Fixture
     assert dom.count('class="main-svg"') >= len(FIGURES)
     shot = tmp_path / "shot.png"
     subprocess.run(
-        [*flags, f"--screenshot={shot}", "--window-size=1400,3000", url], capture_output=True, timeout=120
+        [*flags, f"--screenshot={shot}", "--window-size=1400,3000", url], capture_output=True, timeout=120, env=env
     )
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
