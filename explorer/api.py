@@ -45,6 +45,7 @@ class Experiment:
 
     def __init__(self, study: Study):
         self.study = study
+        self._ran: optuna.Study | None = None  # the Optuna study `run` opened: reading after it reuses its storage
 
     def __repr__(self) -> str:
         return f"Experiment({self.name!r}, {str(self.study.source)!r})"
@@ -88,6 +89,7 @@ class Experiment:
             retried = study.queue.retry_failed(ostudy) if retry_failed else []
             if on_start is not None:
                 on_start(Started(ostudy, reclaimed, retried, self._grid_note()))
+            self._ran = ostudy
             get_executor(study.spec.executor.name).run(study, ostudy, on_trial)
         return self
 
@@ -158,8 +160,9 @@ class Experiment:
         return target, beside, len(frame), len(configs)
 
     def optuna_study(self) -> optuna.Study:
-        """The stored Optuna study, loaded without writing to it (an ExplorerError if it was never run)."""
-        return self.study.read()
+        """The stored Optuna study, loaded without writing to it (an ExplorerError if it was never run);
+        after `run`, the study it ran, on the same storage connection."""
+        return self._ran if self._ran is not None else self.study.read()
 
     def trials(self) -> pd.DataFrame:
         """Every trial of the storage, one row each (`explorer export`'s table)."""
