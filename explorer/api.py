@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import optuna
 import pandas as pd
 import yaml
@@ -29,7 +30,7 @@ from explorer.errors import ExplorerError
 from explorer.executors import get_executor
 from explorer.frame import trials_frame
 from explorer.identity import current_rows
-from explorer.decisions import parse_budget
+from explorer.decisions import Answer, answer, distinct, parse_budget
 from explorer.recommend import Recommendation, recommend
 from explorer.space import SpaceSpec
 from explorer.stats import summarize
@@ -132,14 +133,30 @@ class Experiment:
         study, ostudy = self.study, self.optuna_study()
         frame = current_rows(trials_frame(ostudy), ostudy)
         runs, at_max = study.reads.replicate_cost(ostudy)
+        summary = study.reads.summary(ostudy)
         return Status(
             name=self.name, n_trials=study.spec.n_trials, outcomes=study.reads.outcomes(ostudy),
             runs=study.reads.finished(ostudy),
             states=_states(frame),
             duplicates=len(current_rows(trials_frame(ostudy, duplicates=True), ostudy)) - len(frame),
             seeds=study.seeds, replicates=study.spec.replicates.model_dump(), replicate_runs=runs, replicate_at_max=at_max,
-            summary=_with_free_dims(self.study, study.reads.summary(ostudy)), trials=frame, set_aside=study.reads.set_aside(ostudy), free_dims=list(study.space.free_dims), metric=self.metric,
+            summary=_with_free_dims(self.study, summary), trials=frame, set_aside=study.reads.set_aside(ostudy), free_dims=list(study.space.free_dims), metric=self.metric,
+            answers=self._answers(summary), higher_is_better=study.task.higher_is_better,
         )
+
+    def _answers(self, summary: pd.DataFrame) -> list[tuple[list[int], Answer]]:
+        """The answer at each of the study's budgets (`decision.budgets`), budgets holding the same
+        configurations once: (those budgets, their answer), from the summary's posterior."""
+        if not len(summary):
+            return []
+        study, post = self.study, summary.attrs["posterior"]
+        base = study.space.baseline
+        best = float(np.nanmax(post.sign() * summary["mean"])) * post.sign()
+        delta = study.spec.decision.margin(study.task.higher_is_better, best)
+        cap = min(len(study.seeds), study.spec.decision.max_seeds or len(study.seeds))
+        room = {k: max(0, cap - int(n)) for k, n in zip(post.keys, post.n)}
+        return [(at, answer(post, at[-1], base.key if base else None, delta, study.spec.decision.level, room))
+                for at in distinct(post, study.budgets()).values()]
 
     def export(self, target: str | Path, format: str = "csv") -> tuple[Path, Path, int, int]:
         """Write the trials table to `target` and the per-configuration table beside it
@@ -214,13 +231,15 @@ class Experiment:
             raise ExplorerError(f"no completed trial to recommend from ({len(trials)} stored; `explorer status` says why)",
                                 source=str(study.source))
         rec = recommend(trials, limit, base.key if base else None, self.metric, candidates,
-                        study.task.higher_is_better, decision=study.spec.decision, list_ties=list_ties)
+                        study.task.higher_is_better, decision=study.spec.decision, list_ties=list_ties,
+                        first_seed=study.seeds[0])
         from explorer.extrapolate import past_the_data
-
         from explorer.pruning import pruned_within
 
-        return replace(rec, pruned=tuple(pruned_within(trials, limit)),
-                       beyond=tuple(past_the_data(trials, limit, candidates, self.metric, study.task.higher_is_better)))
+        past = [(c.key, c.dims, c.params) for c in study.space.widened(limit)] if rec.space_max is not None else []
+        lines, outside = past_the_data(trials, limit, candidates + past, self.metric, study.task.higher_is_better,
+                                       {k for k, _, _ in past})
+        return replace(rec, pruned=tuple(pruned_within(trials, limit)), beyond=tuple(lines), outside=outside)
 
     def verify_longer(self, rec: Recommendation, epochs: int, seeds: int = 3, on_trial: TrialCallback | None = None,
                       verbose: bool = False) -> list[str]:
@@ -236,6 +255,28 @@ class Experiment:
         (a measured one is not queued). Refused when the YAML changed since the study was made."""
         ostudy = self.study.open(create=False)
         return self.study.queue.verification(ostudy, list(rec.verify))
+
+    def verify_outside(self, rec: Recommendation, on_trial: TrialCallback | None = None, verbose: bool = False) -> list[str]:
+        """Train the shape law's pick past the space's declared ranges (`rec.outside`) at the study's budget and
+        seeds, as a study of its own (NAME-beyond, same storage, the space's ranges continued: explorer.space
+        SearchSpace.wider), and say what it measured against the prediction."""
+        from explorer.executors import get_executor
+
+        study = self.study
+        spec = study.spec.model_copy(deep=True)
+        spec.name, spec.n_trials, spec.storage = f"{spec.name}-beyond", 1, study.store.url
+        spec.replicates = spec.replicates.model_copy(update={"policy": "fixed"})
+        spec.sampler = spec.sampler.model_copy(update={"name": "random"})
+        spec.pruner = spec.pruner.model_copy(update={"name": "none"})
+        beyond = Study(spec, study.source, study.space.wider(rec.budget))
+        with quiet(verbose):
+            ostudy = beyond.open(create=True, force=True)
+            beyond.queue.verification(ostudy, [str(rec.outside)])
+            get_executor(spec.executor.name).run(beyond, ostudy, on_trial)
+            row = beyond.reads.summary(beyond.read(), draws=0).set_index("arch").loc[str(rec.outside)]
+        seeds = f"{int(row['n'])} seed{'s' if row['n'] != 1 else ''}"
+        return [f"{rec.outside} measured in {spec.name} ({seeds}): {self.metric} {row['raw']:.4g}"
+                + (f" (95% interval {row['lo']:.4g} to {row['hi']:.4g})" if np.isfinite(row["lo"]) else "")]
 
     def dashboard(self, out: str | Path | None = None) -> Path:
         """Write the self-contained HTML dashboard; returns its path."""
@@ -305,9 +346,11 @@ class Status:
     free_dims: list[str]
     metric: str
     set_aside: int  # trials of an earlier identity (before `run --force` changed the budget, say): kept, not read
+    answers: list[tuple[list[int], Answer]]  # per distinct set of the study's budgets: the answer (explorer.decisions)
+    higher_is_better: bool = True
 
 
-CONFIG_COLUMNS = ["arch", "layers", "heads", "width", "mlp", "params", "n", "mean", "std", "se", "lo", "hi",
+CONFIG_COLUMNS = ["arch", "layers", "heads", "width", "mlp", "params", "n", "raw", "mean", "std", "se", "lo", "hi",
                   "front_prob", "on_front", "tied_with", "seeds", "values"]
 
 

@@ -231,6 +231,7 @@ def resume(
 # -- status / export ------------------------------------------------------------------------------------------
 def _status(exp, failures: bool = True, list_ties: bool = False) -> None:
     st = exp.status()
+    _print_answers(st)
     measured, failed = st.outcomes
     out.print(f"[bold]{st.name}[/]: {measured}/{st.n_trials} configurations measured"
               + (f" ({failed} more failed)" if failed else "") + f", {st.runs} runs; " + ", ".join(f"{k.lower()} {v}" for k, v in sorted(st.states.items()))
@@ -252,18 +253,49 @@ def _status(exp, failures: bool = True, list_ties: bool = False) -> None:
             out.print(f"trial {row.number} ({row.arch}) failed: {row.fail_reason}", markup=False)
 
 
+def _print_answers(st) -> None:
+    """The study's answer at each of its budgets first: the pick, its bound, decided or not, the verdict
+    against the baseline, and for an undecided budget where more seeds would go."""
+    if not st.answers:
+        return
+    import pandas as pd
+
+    from explorer.units import format_count
+
+    post = st.summary.attrs["posterior"]
+    lo, hi = post.interval()
+    unit, what = (100.0, "points") if st.higher_is_better else (1.0, st.metric)
+    rows = []
+    for at, a in st.answers:
+        i = post.index[a.pick]
+        shown = f"{post.mean[i]:.4g}" + (f" [{lo[i]:.4g}, {hi[i]:.4g}]" if post.has_intervals else "")
+        verdict = a.verdict.kind if a.verdict is not None else ""
+        more = ", ".join(f"{k} ({n})" for k, n in a.advice.items()) if not a.decided else ""
+        rows.append({"budget": "-".join(dict.fromkeys(format_count(b) for b in (at[0], at[-1]))), "use": a.pick,
+                     "params": format_count(int(post.params[i])), st.metric: shown,
+                     f"ε ({what})": f"{unit * a.eps:.2g}" if a.eps == a.eps else "-",
+                     "decided": "yes" if a.decided else "no", "vs baseline": verdict,
+                     "more seeds would go to": more})
+    delta = st.answers[0][1].delta
+    title = (f"answers at the study's budgets: use X, within ε {what} of the best configuration within the budget "
+             f"(95%); decided when ε <= {unit * delta:.2g} {what}")
+    _print_frame(pd.DataFrame(rows), Format.table, title=title)
+    if post.note:
+        out.print(post.note, markup=False)
+
+
 def _print_front(st, list_ties: bool = False) -> None:
     """The front of per-configuration means with n, the 95% interval and front probability; then how many
     configurations are tied with a front member (not separable from it), listed on request."""
     summary, frame, metric = st.summary, st.trials, st.metric
     front = summary[summary["on_front"]].copy()
-    front["±"] = front["hi"] - front["mean"]
+    front["±"] = (front["hi"] - front["lo"]) / 2
     kappa = frame.groupby("arch")["kappa_init_mean"].mean() if "kappa_init_mean" in frame else None
     if kappa is not None:
         front["kappa_init_mean"] = front["arch"].map(kappa)
     cols = [c for c in (*st.free_dims, "params", "n", metric, "±", "front_prob", "kappa_init_mean") if c in front]
     intervals = summary["n"].gt(1).any()
-    title = ("Pareto front of means (± 95% t interval, front_prob: share of draws from the intervals on the front)"
+    title = ("Pareto front of posterior means (± half the 95% interval, front_prob: share of posterior draws on the front)"
              if intervals else "Pareto front (one seed per configuration: no intervals)")
     _print_frame(front[cols if intervals else [c for c in cols if c not in ("±", "front_prob")]], Format.table, title=title)
     tied = summary[summary["tied_with"].notna()]
@@ -355,6 +387,10 @@ def recommend(
         raise ExplorerError("--epochs goes with --verify", field="--epochs")
     if verify and epochs is not None:
         for line in exp.verify_longer(rec, epochs):
+            out.print(line, markup=False)
+        return
+    if verify and rec.outside is not None:  # past the space: it cannot be queued in the study, it is trained now
+        for line in exp.verify_outside(rec):
             out.print(line, markup=False)
         return
     if verify:

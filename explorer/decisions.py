@@ -1,24 +1,38 @@
-"""Decisions a user can act on: for a budget, whether the pick is non-inferior to the baseline, beats a
-configuration, is equivalent to it within a margin, or how many more seeds would decide it; and the
-budgets a study answers (`decision:` in its YAML).
+"""The answer for a budget, read off the one posterior (explorer.posterior): the configuration to use,
+its regret bound, whether that is decided, the verdict against the baseline, and what more seeds buy.
 
-It reads per-configuration statistics (explorer.stats), never raw trials, and builds no model.
+"use X: within eps of the best configuration within the budget (95%)": eps is the 95% quantile of the
+regret max_c mu_c - mu_X over the posterior draws, c over every configuration within the budget
+(measured, or predicted by the surface), and X is the configuration with the smallest such bound (ties:
+the smaller expected regret, then fewer parameters). The pick minimises the bound rather than the
+expected regret because the bound is what the answer promises: a budget is *decided* when eps <=
+delta, and any configuration whose bound is within delta would do. Against the baseline, from the same
+draws of the difference X - baseline: beats (its 95% interval above 0), worse (below 0), equivalent
+within delta (its 90% interval inside ±delta: two one-sided 5% tests, Schuirmann's TOST), non-inferior
+(the 95% interval's lower end above -delta: one-sided 2.5%, as ICH E9 asks), or no evidence either way.
+Beats and worse read the two-sided interval because the direction is chosen after seeing the data: with
+one-sided 5% each, a pick truly equal to the baseline was said to beat it or lose to it in 10% of
+simulated studies.
+
+Seeds by value of information (`next_seeds`): each seed goes where it most shrinks the bounds still
+above delta at the study's budgets, budgets that hold the same configurations counted once. What a
+seed would do is imagined on the draws (explorer.posterior.Posterior.imagine): the posterior's spread
+after it, its mean held. It reads the posterior and nothing above it.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
-import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from explorer.errors import ExplorerError
-from explorer.stats import LEVEL, Comparison, compare, groups_of
-from explorer.units import parse_count
+from explorer.posterior import LEVEL, Posterior, Regret, subset
+from explorer.units import format_count, parse_count
 
 _BELOW = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*%\s*-?\s*below\s*-?\s*baseline\s*$", re.IGNORECASE)
 
@@ -42,9 +56,11 @@ def parse_budget(text: str, baseline_params: int | None = None) -> int:
     return budget
 
 
-ACCURACY_DELTA = 0.005  # 0.5 points of an accuracy-like metric in [0, 1]
+ACCURACY_DELTA = 0.01  # 1 point of an accuracy-like metric: the default study's top seed sd is 1.3 points, 1/360 a step
 LOSS_DELTA = 0.01  # of the best mean: a loss has no natural scale, so the margin is relative
 DEFAULT_BUDGETS = 10
+CONTENDER = 0.005  # share of draws in which a configuration is the best that makes it matter to the seed policy
+ADVICE_CAP = 60  # seeds the advice for an undecided budget looks through
 
 
 class DecisionSpec(BaseModel):
@@ -70,86 +86,199 @@ class DecisionSpec(BaseModel):
 
 
 @dataclass(frozen=True)
-class Decision:
-    """A budget's answer in words a user can act on; `pair` is what more seeds would decide when undecided."""
+class Verdict:
+    """The pick against the baseline from the posterior's draws of their difference (> 0: the pick is better)."""
 
-    kind: Literal["non-inferior", "beats", "equivalent", "undecided"]
-    a: str
-    b: str
-    comparison: Comparison
+    kind: Literal["beats", "worse", "equivalent", "non-inferior", "no evidence", "is the baseline", "unmeasured"]
+    baseline: str
+    diff: float = float("nan")
+    lo: float = float("nan")  # the difference's 2.5% quantile
+    hi: float = float("nan")  # its 97.5% quantile
+
+    def words(self, pick: str, delta: float, unit: float = 100.0, what: str = "points") -> str:
+        if self.kind == "is the baseline":
+            return f"{pick} is the baseline"
+        if self.kind == "unmeasured":
+            return f"baseline {self.baseline} has no completed trial in this study"
+        if not np.isfinite(self.lo):
+            return f"against the baseline {self.baseline}: {unit * self.diff:+.1f} {what}, no interval (one seed each)"
+        shown = f"{unit * self.diff:+.1f} {what}, 95% interval {unit * self.lo:+.1f} to {unit * self.hi:+.1f}"
+        margin = f"{unit * delta:.2g} {what}"
+        said = {"beats": f"{pick} beats the baseline {self.baseline}",
+                "worse": f"the baseline {self.baseline} beats {pick} (the budget costs {what})",
+                "equivalent": f"{pick} is equivalent to the baseline {self.baseline} within {margin}",
+                "non-inferior": f"{pick} is not worse than the baseline {self.baseline} by more than {margin}",
+                "no evidence": f"no evidence either way between {pick} and the baseline {self.baseline}"}[self.kind]
+        return f"{said}: {shown}"
+
+
+def verdict(posterior: Posterior, pick: str, baseline: str | None, delta: float, level: float = LEVEL) -> Verdict | None:
+    """The pick against the baseline from the same posterior (one-sided claims at `level` each)."""
+    if baseline is None:
+        return None
+    if baseline == pick:
+        return Verdict("is the baseline", baseline)
+    if baseline not in posterior.index or posterior.n[posterior.index[baseline]] == 0:
+        return Verdict("unmeasured", baseline)
+    if not posterior.has_intervals:
+        i, j = posterior.index[pick], posterior.index[baseline]
+        return Verdict("no evidence", baseline, posterior.sign() * float(posterior.raw[i] - posterior.raw[j]))
+    d = posterior.difference(pick, baseline)
+    lo, hi, lo90, hi90 = (float(q) for q in np.quantile(d, [(1 - level) / 2, (1 + level) / 2, 1 - level, level]))
+    kind: str = ("beats" if lo > 0 else "worse" if hi < 0 else "equivalent" if -delta < lo90 and hi90 < delta
+                 else "non-inferior" if lo > -delta else "no evidence")
+    return Verdict(kind, baseline, float(d.mean()), lo, hi)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One budget's answer: use `pick`, within `eps` of the best within the budget (`level`), decided or not."""
+
+    budget: int
+    regret: Regret
     delta: float
-    more_seeds: int | None = None  # undecided: about this many more seeds of a and b (None: more than 1000)
+    level: float
+    verdict: Verdict | None = None
+    advice: dict[str, int] = field(default_factory=dict)  # undecided: more seeds per configuration that would decide it
+    advice_reached: bool = True  # False: even ADVICE_CAP more seeds would not (advice is then where they would go)
+
+    @property
+    def pick(self) -> str:
+        return self.regret.pick
+
+    @property
+    def eps(self) -> float:
+        return self.regret.eps
 
     @property
     def decided(self) -> bool:
-        return self.kind != "undecided"
+        return bool(np.isfinite(self.eps) and self.eps <= self.delta)
 
-    def words(self, unit: float = 100.0, what: str = "points") -> str:
-        c, margin = self.comparison, f"{unit * self.delta:.2g} {what}"
-        level = f"{c.level:.0%}" + (f", simultaneous over {c.family} comparisons" if c.family > 1 else "")
-        shown = f"{unit * c.diff:+.1f} ± {unit * c.half:.1f} {what} ({level})"
-        if self.kind == "non-inferior":
-            return f"{self.a} is the smallest configuration not worse than the baseline {self.b} by more than {margin} ({level}): {shown}"
-        if self.kind == "beats":
-            return f"{self.a} beats {self.b} by {shown}"
-        if self.kind == "equivalent":
-            return f"{self.a} and {self.b} are equivalent within {margin}: {shown}"
-        more = "more than 1000" if self.more_seeds is None else f"about {self.more_seeds}"
-        return f"undecided: {more} more seeds of {self.a} and {self.b} would decide it (observed {shown}, margin {margin})"
-
-
-def decide(table: pd.DataFrame, budget: int, pick: str, baseline_key: str | None, higher_is_better: bool,
-           delta: float, level: float = LEVEL) -> list[Decision]:
-    """Every decided statement at `budget` about the pick (a `summarize` table's `arch`), else one undecided.
-
-    In order: the smallest configuration within the budget (no larger than the baseline, best mean
-    first among equal sizes) not worse than the baseline by more than `delta`; the pick beating the
-    baseline, or the baseline beating the pick (the budget costs accuracy); the pick beating every other configuration within the budget (said against the closest);
-    the smallest configuration no larger than the pick equivalent to it. Comparisons against the
-    baseline are simultaneous over the candidates compared with it, those against the pick over the
-    others within the budget. Undecided: the pair (the pick and the runner-up, or the baseline) that
-    the fewest more seeds would decide, from the observed variance.
-    """
-    groups, noise = groups_of(table), table.attrs["noise"]
-    sign = 1.0 if higher_is_better else -1.0
-    inside = table[table["params"] <= budget].assign(_score=lambda t: sign * t["mean"])
-    inside = inside.sort_values(["params", "_score"], ascending=[True, False])
-    others = [k for k in inside["arch"] if k != pick]
-
-    def cmp(a: str, b: str, family: int) -> Comparison:
-        return compare(groups[a], groups[b], higher_is_better, level, noise.prior(a, b), family)
-
-    out: list[Decision] = []
-    candidates: list[str] = []
-    if baseline_key in groups:
-        base_params = int(table.loc[table["arch"] == baseline_key, "params"].iloc[0])
-        smaller = [k for k, p in zip(inside["arch"], inside["params"]) if k != baseline_key and p <= base_params]
-        candidates = smaller + ([pick] if pick != baseline_key and pick not in smaller else [])
-        for key in smaller:
-            c = cmp(key, baseline_key, len(candidates))
-            if c.non_inferior(delta):
-                out.append(Decision("non-inferior", key, baseline_key, c, delta))
-                break
-        if pick != baseline_key and (c := cmp(pick, baseline_key, len(candidates))).beats():
-            out.append(Decision("beats", pick, baseline_key, c, delta))
-        elif pick != baseline_key and c.worse():  # the budget costs accuracy: the baseline beats the best within it
-            out.append(Decision("beats", baseline_key, pick, cmp(baseline_key, pick, len(candidates)), delta))
-    versus = {k: cmp(pick, k, len(others)) for k in others}
-    if versus and all(c.beats() for c in versus.values()):
-        closest = min(versus, key=lambda k: versus[k].diff)
-        out.append(Decision("beats", pick, closest, versus[closest], delta))
-    pick_params = int(table.loc[table["arch"] == pick, "params"].iloc[0])
-    same = [k for k in others if int(table.loc[table["arch"] == k, "params"].iloc[0]) <= pick_params and versus[k].equivalent(delta)]
-    if same:
-        out.append(Decision("equivalent", same[0], pick, versus[same[0]], delta))
-    if out or not others and not candidates:
+    def words(self, unit: float = 100.0, what: str = "points") -> list[str]:
+        """The answer's lines: the bound and whether it decides, the verdict, what would decide it."""
+        margin = f"{unit * self.delta:.2g} {what}"
+        if not np.isfinite(self.eps):
+            out = [f"use {self.pick} (the best mean): no bound yet, one seed per configuration; undecided"]
+        else:
+            state = "decided" if self.decided else f"undecided (margin {margin})"
+            out = [f"use {self.pick}: within {unit * self.eps:.2g} {what} of the best configuration within the budget "
+                   f"({self.level:.0%}); {state}"]
+        if self.verdict is not None:
+            out.append(self.verdict.words(self.pick, self.delta, unit, what))
+        if not self.decided and self.advice:
+            seeds = ", ".join(f"{k} ({n})" for k, n in self.advice.items())
+            total = sum(self.advice.values())
+            head = (f"about {total} more seeds would decide it" if self.advice_reached
+                    else f"more than {total} more seeds would be needed; the first would go")
+            out.append(f"{head}: {seeds}")
         return out
-    pairs = []
-    if others:
-        runner = min(versus, key=lambda k: versus[k].diff)
-        pairs.append((pick, runner, versus[runner]))
-    if baseline_key in groups and pick != baseline_key:
-        pairs.append((pick, baseline_key, cmp(pick, baseline_key, len(candidates))))
-    need = [(p[2].seeds_to_decide(delta), p) for p in pairs]
-    more, (a, b, c) = min(need, key=lambda x: float("inf") if x[0] is None else x[0])
-    return [Decision("undecided", a, b, c, delta, more)]
+
+
+def within(posterior: Posterior, budget: int) -> tuple[str, ...]:
+    """The configurations the posterior knows with at most `budget` parameters."""
+    return tuple(k for k, p in zip(posterior.keys, posterior.params) if p <= budget)
+
+
+def answer(posterior: Posterior, budget: int, baseline: str | None, delta: float, level: float = LEVEL,
+           room: Mapping[str, int] | None = None) -> Answer:
+    """The answer at `budget`; undecided, which configurations and how many seeds would decide it
+    (`room`: seeds each may still get; none: no limit)."""
+    keys = within(posterior, budget)
+    if not keys:
+        raise ExplorerError(f"no configuration within {format_count(budget)} parameters", field="budget")
+    regret = posterior.regret(keys, level)
+    said = Answer(budget, regret, delta, level, verdict(posterior, regret.pick, baseline, delta, level))
+    if said.decided:
+        return said
+    advice, reached = seeds_to_decide(posterior, keys, delta, level, room)
+    return Answer(budget, regret, delta, level, said.verdict, advice, reached)
+
+
+def distinct(posterior: Posterior, budgets: Sequence[int]) -> dict[tuple[str, ...], list[int]]:
+    """The study's budgets grouped by the configurations they hold: one question each."""
+    out: dict[tuple[str, ...], list[int]] = {}
+    for b in sorted(budgets):
+        keys = within(posterior, b)
+        if keys:
+            out.setdefault(keys, []).append(int(b))
+    return out
+
+
+def _contenders(posterior: Posterior, keys: Sequence[str], latent: np.ndarray) -> tuple[str, ...]:
+    """The configurations of `keys` that are the best in at least CONTENDER of the draws (the regret of
+    any pick is, but for those few draws, over these)."""
+    cols = [posterior.index[k] for k in keys]
+    x = posterior.sign() * posterior.metric_draws(cols, latent)
+    share = np.bincount(np.argmax(x, axis=1), minlength=len(keys)) / len(x)
+    return tuple(k for k, s in zip(keys, share) if s >= CONTENDER) or (keys[int(np.argmax(share))],)
+
+
+def _greedy(posterior: Posterior, sets: Sequence[tuple[str, ...]], delta: float, level: float,
+            room: Mapping[str, int], steps: int, repeat: bool) -> tuple[dict[str, int], bool]:
+    """Seeds one at a time where the summed excess of the bounds over delta shrinks most, imagining each
+    (one per configuration unless `repeat`); (seeds per configuration, whether every bound reached delta).
+    A seed is judged by the questions whose contenders it is among (its effect on the others, through
+    the surface, is second order and left out)."""
+    sets = [tuple(dict.fromkeys(_contenders(posterior, s, posterior.latent_draws) + (posterior.regret(s, level).pick,)))
+            for s in sets]
+    posterior = subset(posterior, list(dict.fromkeys(k for s in sets for k in s)))
+    latent, cov = posterior.latent_draws, posterior.latent_cov
+    rng = np.random.default_rng(posterior.seed + 7)
+    chosen: dict[str, int] = {}
+    left = dict(room)
+
+    def excess(i: int, draws: np.ndarray) -> float:
+        return max(posterior.regret(sets[i], level, draws).eps - delta, 0.0)
+
+    now = [excess(i, latent) for i in range(len(sets))]
+    for _ in range(steps):
+        if sum(now) <= 0:
+            return chosen, True
+        options = {k for i, s in enumerate(sets) if now[i] > 0 for k in s if left.get(k, 0) > 0 and (repeat or k not in chosen)}
+        best, best_gain, best_state, best_after = None, 0.0, None, now
+        step = int(rng.integers(1 << 31))  # one draw of the imagined seed's noise for every option: their gains compare
+        for key in sorted(options):
+            state = posterior.imagine({key: 1}, latent, cov, np.random.default_rng(step))
+            after = [excess(i, state[0]) if key in s and now[i] > 0 else now[i] for i, s in enumerate(sets)]
+            gain = sum(now) - sum(after)
+            if gain > best_gain + 1e-12:
+                best, best_gain, best_state, best_after = key, gain, state, after
+        if best is None or best_state is None:
+            break
+        latent, cov = best_state
+        chosen[best] = chosen.get(best, 0) + 1
+        left[best] -= 1
+        now = best_after
+    return chosen, sum(now) <= 0
+
+
+def seeds_to_decide(posterior: Posterior, keys: Sequence[str], delta: float, level: float = LEVEL,
+                    room: Mapping[str, int] | None = None, cap: int = ADVICE_CAP) -> tuple[dict[str, int], bool]:
+    """Which measured configurations of `keys`, and how many more seeds each, would bring the bound to
+    `delta` (imagined, greedily); (advice, reached) with `reached` False past `cap` seeds."""
+    if not posterior.has_intervals:
+        top = sorted((k for k in keys if k in posterior.index), key=lambda k: -posterior.sign() * posterior.raw[posterior.index[k]])
+        return {k: 1 for k in top[:2]}, False
+    measured = {k: (room or {}).get(k, cap) for k in keys if posterior.n[posterior.index[k]] > 0}
+    return _greedy(posterior, [tuple(keys)], delta, level, measured, cap, repeat=True)
+
+
+def next_seeds(posterior: Posterior, budgets: Sequence[int], delta: float, level: float, room: Mapping[str, int],
+               batch: int | None = None) -> list[str]:
+    """The measured configurations that get one more seed now (the `decide` replicate policy): a round
+    of one seed each where it most shrinks the undecided bounds, as many as there are undecided questions
+    (at least 2); `room[key]` is how many more seeds a configuration may get. Without a noise model yet,
+    the two best means of each question get their second seed."""
+    questions = list(distinct(posterior, budgets))
+    if not posterior.has_intervals:
+        out: dict[str, None] = {}
+        for keys in questions:
+            top = sorted((k for k in keys if room.get(k, 0) > 0), key=lambda k: -posterior.sign() * posterior.raw[posterior.index[k]])
+            out.update(dict.fromkeys(top[:2]))
+        return list(out)
+    undecided = [q for q in questions if posterior.regret(q, level).eps > delta]
+    if not undecided:
+        return []
+    measured = {k: room.get(k, 0) for k in posterior.keys if posterior.n[posterior.index[k]] > 0}
+    chosen, _ = _greedy(posterior, undecided, delta, level, measured, batch or max(2, len(undecided)), repeat=False)
+    return list(chosen)

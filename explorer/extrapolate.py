@@ -233,6 +233,7 @@ class Extrapolation:
     model: str = ""
     reach: float = REACH
     refusal: str | None = None
+    outside: frozenset[str] = frozenset()  # candidates past the space's declared ranges
 
     @property
     def factor(self) -> float:
@@ -252,6 +253,9 @@ class Extrapolation:
             f"best in {b.p_best:.0%} of refits; predicted, not measured)",
             f"model: {self.model}",
         ]
+        if b.key in self.outside:
+            out.append(f"{b.key} is past the space's declared ranges (its fixed dimensions and constraints kept): "
+                       "`explorer recommend ... --verify` trains it at the study's budget, in a study of its own")
         if self.rivals:
             shown = ", ".join(f"{r.key} ({format_count(r.params)}, {r.value:.4g} [{r.lo:.4g}, {r.hi:.4g}])"
                               for r in self.rivals[:5])
@@ -263,18 +267,22 @@ class Extrapolation:
         return out
 
 
+def refusal(budget: int, top: int, reach: float = REACH) -> str:
+    """The one line past the law's validated reach."""
+    return (f"budget {format_count(budget)} is {budget / top:.1f}x the largest measured configuration "
+            f"({format_count(top)}); the shape law is validated to {reach:g}x (bench/extrapolate.py): "
+            f"measure configurations up to {format_count(int(budget / reach))} params first")
+
+
 def answer(model: ShapeModel, candidates: Sequence[Candidate], budget: int, measured_max_params: int | None = None,
-           reach: float = REACH) -> Extrapolation:
+           reach: float = REACH, outside: frozenset[str] = frozenset()) -> Extrapolation:
     """The predicted best split among `candidates` within `budget`, or a refusal past `reach` x the data.
 
     `measured_max_params` defaults to the model's largest measured configuration.
     """
     top = int(measured_max_params or model.max_params)
     if budget > reach * top:
-        return Extrapolation(budget, top, model.metric, None, reach=reach, refusal=(
-            f"budget {format_count(budget)} is {budget / top:.1f}x the largest measured configuration "
-            f"({format_count(top)}); the shape law is validated to {reach:g}x (bench/extrapolate.py): "
-            f"measure configurations up to {format_count(int(budget / reach))} params first"))
+        return Extrapolation(budget, top, model.metric, None, reach=reach, refusal=refusal(budget, top, reach))
     inside = sorted((c for c in candidates if c[2] <= budget), key=lambda c: c[2])  # ties go to fewer params
     if not inside:
         raise ExplorerError(f"no configuration of the space fits {format_count(budget)} parameters", field="budget")
@@ -291,7 +299,7 @@ def answer(model: ShapeModel, candidates: Sequence[Candidate], budget: int, meas
              for (k, d, p), v, a, b, w in zip(inside, value, lo, hi, wins)]
     rivals = sorted((i for i in range(len(preds)) if tied[i] and i != first), key=lambda i: (-value[i], preds[i].params))
     return Extrapolation(int(budget), top, model.metric, preds[first], tuple(preds[i] for i in rivals),
-                         model.describe(), reach)
+                         model.describe(), reach, outside=outside)
 
 
 @dataclass(frozen=True)
@@ -348,17 +356,24 @@ def order_held(short: Mapping[str, float], long: Mapping[str, float], params: Ma
 
 
 def past_the_data(trials: pd.DataFrame, budget: int, candidates: Sequence[Candidate], metric: str,
-                  higher_is_better: bool) -> list[str]:
+                  higher_is_better: bool, outside: set[str] | frozenset[str] = frozenset()) -> tuple[list[str], str | None]:
     """recommend's lines past the measured range: the shape law's answer where `budget` passes the largest
-    measured configuration of `trials` (a trials frame) and unmeasured candidates fit in it; else none."""
+    measured configuration of `trials` (a trials frame) and unmeasured candidates fit in it (among them
+    `outside`: splits past the space's declared ranges, explorer.space.SearchSpace.widened); the
+    one-line refusal past the law's reach; else none. Also the predicted best when it is one of `outside`."""
     done = trials[trials["state"] == "COMPLETE"]
     if "duplicate_of" in done:
         done = done[done["duplicate_of"].isna()]
     top = int(done["params"].max())
-    if budget <= top or not any(top < p <= budget for _, _, p in candidates):
-        return []
+    if budget <= top:
+        return [], None
+    if budget > REACH * top:
+        return [refusal(budget, top)], None
+    if not any(top < p <= budget for _, _, p in candidates):
+        return [], None
     try:
         model = fit(done, metric, higher_is_better)
     except ExplorerError as err:
-        return [f"beyond the measured range: no shape law ({err})"]
-    return answer(model, candidates, budget, top).lines()
+        return [f"beyond the measured range: no shape law ({err})"], None
+    said = answer(model, candidates, budget, top, outside=frozenset(outside))
+    return said.lines(), (said.best.key if said.best is not None and said.best.key in outside else None)

@@ -1,20 +1,12 @@
-"""The best (layers, heads[, mlp]) split for a parameter budget: measured, or predicted and marked so.
+"""The split to use for a parameter budget, and how sure the study is: one answer, from one posterior.
 
-Measured: the configuration with the best mean over its replicate seeds within the budget, with its
-interval, the baseline as a paired difference, and a decision (`decide`): one of "X is the smallest
-configuration not worse than the baseline by more than delta", "X beats Y by d ± h", "X and Y are
-equivalent within delta", or "undecided: about N more seeds of X and Y would decide it". The pick is the
-best of many, so every comparison it makes is at a level simultaneous over the comparisons it chooses
-among (Bonferroni, explorer.stats.compare's `family`): with 24 equal configurations a per-comparison 95%
-interval says the best "beats" the baseline in 13% of studies (bench/coverage.py). Configurations tied
-with the pick are counted, and listed only on request. Predicted: when a feasible configuration inside the budget was never run, a
-least-squares surface fitted on every measurement (each replicate a row, so the replicate noise is in
-its residual) at fixed width,
-
-    metric ~ a + b*log(layers) + c*log(heads) + d*log(layers)*log(heads)   [+ e*log(mlp)]
-
-predicts it with a 95% prediction interval; it is recommended only when even the interval's
-worse end beats the measured best, and only inside the (layers, heads) range the study covered.
+`recommend` summarises the study once (explorer.stats.summarize: the posterior of every configuration,
+measured or predicted by the surface) and asks explorer.decisions for the budget's answer: "use X:
+within eps points of the best configuration within the budget (95%)", decided when eps <= delta, the
+verdict of X against the baseline from the same draws, and for an undecided budget which
+configurations and how many seeds would decide it. Everything it prints is about X. A configuration no
+trial measured can be X only when the surface's prediction makes its bound the smallest; it is then
+marked predicted, with `--verify` to measure it and its neighbours.
 """
 
 from __future__ import annotations
@@ -26,174 +18,108 @@ from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
-from scipy.special import stdtrit  # Student t quantile: scipy.stats takes ~1 s to import
 
+from explorer.decisions import Answer, DecisionSpec, answer
 from explorer.errors import ExplorerError
-from explorer.decisions import ACCURACY_DELTA, Decision, DecisionSpec, decide
-from explorer.stats import Comparison, NoiseModel, compare, groups_of, summarize
+from explorer.posterior import LEVEL, Posterior
+from explorer.stats import Candidate, summarize
 from explorer.units import format_count
-
-Candidate = tuple[str, dict[str, Any], int]  # (config key, complete dims, exact params)
-
-
-@dataclass(frozen=True)
-class Surface:
-    """The fitted depth x heads model at one width; `predict` gives mean and 95% half-width."""
-
-    width: int
-    coef: np.ndarray
-    xtx_inv: np.ndarray
-    sigma: float  # residual standard error
-    dof: int
-    uses_mlp: bool
-    metric: str
-
-    @staticmethod
-    def features(layers: np.ndarray, heads: np.ndarray, mlp: np.ndarray, uses_mlp: bool) -> np.ndarray:
-        ll, lh = np.log(np.asarray(layers, float)), np.log(np.asarray(heads, float))
-        cols = [np.ones_like(ll), ll, lh, ll * lh] + ([np.log(np.asarray(mlp, float))] if uses_mlp else [])
-        return np.column_stack(cols)
-
-    def predict(self, layers: float, heads: float, mlp: float) -> tuple[float, float]:
-        x = self.features(np.array([layers]), np.array([heads]), np.array([mlp]), self.uses_mlp)[0]
-        se = self.sigma * math.sqrt(1.0 + float(x @ self.xtx_inv @ x))
-        return float(x @ self.coef), float(stdtrit(self.dof, 0.975) * se)
-
-    def describe(self) -> str:
-        terms = "a + b*log(layers) + c*log(heads) + d*log(layers)*log(heads)"
-        terms += " + e*log(mlp)" if self.uses_mlp else ""
-        return (
-            f"{self.metric} ~ {terms} at width {self.width} (least squares, "
-            f"{self.dof + len(self.coef)} trials, residual s.e. {self.sigma:.4g}, 95% prediction interval)"
-        )
-
-
-def fit_surface(df: pd.DataFrame, width: int, metric: str = "accuracy") -> Surface | None:
-    """Fit on the completed measurements at `width`; None when they cannot pin the surface down.
-
-    Trials answered from storage (`duplicate_of`) are no measurement and are dropped; the surface
-    needs two more distinct configurations than it has coefficients.
-    """
-    rows = _measurements(df)
-    rows = rows[rows["width"] == width].dropna(subset=[metric, "layers", "heads"])
-    uses_mlp = rows["mlp"].nunique() > 1
-    x = Surface.features(rows["layers"], rows["heads"], rows["mlp"], uses_mlp)
-    y = rows[metric].to_numpy(float)
-    p = x.shape[1]
-    if rows["arch"].nunique() < p + 2 or np.linalg.matrix_rank(x) < p:
-        return None
-    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-    dof = len(y) - p
-    sigma = math.sqrt(float(np.sum((y - x @ coef) ** 2)) / dof)
-    return Surface(int(width), coef, np.linalg.pinv(x.T @ x), sigma, dof, uses_mlp, metric)
 
 
 @dataclass(frozen=True)
 class Recommendation:
-    """What to build for `budget`, how sure we are, and what it beats."""
+    """What to build for `budget`, its bound, its verdict against the baseline, and how sure the model is."""
 
     budget: int
     key: str
-    layers: int
-    heads: int
-    width: int | None
-    mlp: int | None
+    dims: dict[str, Any]
     params: int
     metric: str
-    value: float  # the mean over its seeds (measured) or the surface's prediction
+    value: float  # posterior mean of its metric
+    lo: float  # its 95% interval (NaN: no noise estimate yet)
+    hi: float
     kind: Literal["measured", "predicted"]
+    answer: Answer
+    n: int = 0  # seeds measured
+    raw: float = math.nan  # plain mean over those seeds
     trial: int | None = None  # the first trial that measured it
-    n: int = 0  # seeds behind `value` (measured)
-    half: float = math.nan  # 95% half-width of `value`: the t interval of the mean (NaN: one seed, no interval)
-    uncertainty: float | None = None  # 95% prediction half-width (predicted only)
-    model: str | None = None  # the fitted surface, in words (predicted only)
-    measured_key: str | None = None  # the measured best it was compared against (predicted only)
-    measured_value: float | None = None
-    tied: tuple[str, ...] = ()  # measured configurations within budget not distinguished from it, by params then mean
+    model: str = ""  # the posterior's model, in words
+    tied: tuple[str, ...] = ()  # configurations within budget not told apart from it (95% interval of the difference holds 0)
     tied_params: tuple[int, ...] = ()
-    equivalent: tuple[str, ...] = ()  # those of `tied` equivalent to it within `delta`
-    decisions: tuple[Decision, ...] = ()  # what is decided at this budget (one undecided entry when nothing is)
-    delta: float = ACCURACY_DELTA
-    list_ties: bool = False  # lines() lists the tied configurations, not only their count
-    baseline_key: str | None = None
-    baseline_value: float | None = None
-    baseline_params: int | None = None
-    baseline: Comparison | None = None  # it against the baseline, > 0 meaning better
-    verify: tuple[str, ...] = ()  # study configs around it: a follow-up study runs these
+    equivalent: tuple[str, ...] = ()  # those of `tied` within delta of it (90% interval)
+    list_ties: bool = False
+    verify: tuple[str, ...] = ()  # study configs around it: `--verify` queues the unmeasured ones
     higher_is_better: bool = True
-    beyond: tuple[str, ...] = ()  # the shape law's answer where the budget passes the measured range (explorer.extrapolate)
-    pruned: tuple[str, ...] = ()  # configurations within budget that were pruned and never completed
+    space_max: int | None = None  # the space's largest configuration, when the budget is at or past it
+    beyond: tuple[str, ...] = ()  # the shape law's answer past the measured range (explorer.extrapolate)
+    outside: str | None = None  # its predicted best, when past the space's declared ranges (`--verify` trains it)
+    pruned: tuple[str, ...] = ()  # configurations within budget pruned and never completed
 
     @property
-    def margin(self) -> float | None:
-        """value - baseline value, signed so > 0 means better (paired over shared seeds where measured)."""
-        return None if self.baseline is None else self.baseline.diff
+    def decided(self) -> bool:
+        return self.answer.decided
+
+    @property
+    def eps(self) -> float:
+        return self.answer.eps
+
+    @property
+    def delta(self) -> float:
+        return self.answer.delta
+
+    @property
+    def layers(self) -> int:
+        return int(self.dims["layers"])
+
+    @property
+    def heads(self) -> int:
+        return int(self.dims["heads"])
+
+    def units(self) -> tuple[float, str]:
+        """Points for an accuracy-like metric, the metric's own units otherwise."""
+        return (100.0, "points") if self.higher_is_better else (1.0, self.metric)
 
     def lines(self) -> list[str]:
-        """The recommendation as a few lines for a terminal: never "beats" without an interval excluding 0."""
-        shown = f"{self.metric} {self.value:.4g}"
-        if self.kind == "predicted":
-            shown += f" ± {self.uncertainty:.2g} (predicted, not measured)"
-        elif math.isfinite(self.half):
-            shown += f" ± {self.half:.2g} (measured: mean of {self.n} seeds, 95% t interval; first trial {self.trial})"
-        else:
-            shown += f" (measured, trial {self.trial}; one seed, no interval: set budget.seeds for replicates)"
-        out = [
-            f"budget {format_count(self.budget)}: {self.key} (mlp={self.mlp}, width={self.width}), "
-            f"{format_count(self.params)} params, {shown}"
-        ]
-        if self.kind == "predicted":
+        """The answer first (pick, bound, decided or not), then its value, the verdict, what would decide it."""
+        unit, what = self.units()
+        shape = ", ".join(f"{d}={self.dims[d]}" for d in ("mlp", "width") if self.dims.get(d) is not None)
+        said = self.answer.words(unit, what)
+        out = [f"budget {format_count(self.budget)}: {said[0]}",
+               f"{self.key}{f' ({shape})' if shape else ''}, {format_count(self.params)} params, {self._value()}"]
+        if self.model:
             out.append(f"model: {self.model}")
-            if self.measured_key is not None:
-                out.append(f"best measured within budget: {self.measured_key}, {self.measured_value:.4g}")
-        unit, what = (100.0, "points") if self.higher_is_better else (1.0, self.metric)
-        out += [d.words(unit, what) for d in self.decisions]
+        out += said[1:]
         if self.tied:
             smaller = (f"; the smallest: {self.tied[0]}, {format_count(self.tied_params[0])} params"
                        if self.tied_params[0] < self.params else "; none of them is smaller")
             out.append(f"{len(self.equivalent)} configurations within budget equivalent to {self.key} within "
-                       f"{unit * self.delta:.2g} {what}; {len(self.tied) - len(self.equivalent)} more not distinguished "
+                       f"{unit * self.delta:.2g} {what}; {len(self.tied) - len(self.equivalent)} more not told apart "
                        f"from it{smaller}")
             if self.list_ties:
                 listed = ", ".join(f"{k} ({format_count(p)}{', equivalent' if k in self.equivalent else ''})"
                                    for k, p in zip(self.tied, self.tied_params))
-                out.append(f"not distinguished from it: {listed}")
-        elif self.kind == "measured" and math.isfinite(self.half):
-            out.append("every other configuration within budget is distinguished from it")
-        if self.baseline_key is not None and self.baseline_value is None:
-            out.append(f"baseline {self.baseline_key} has no completed trial in this study")
-        elif self.baseline is not None and self.key == self.baseline_key:
-            out.append(f"it is the baseline ({format_count(self.baseline_params or 0)} params)")
-        elif self.baseline is not None:
-            out.append(f"baseline {self.baseline_key} ({format_count(self.baseline_params or 0)} params, {self.metric} "
-                       f"{self.baseline_value:.4g}): " + self.baseline.words(self.key, "the baseline", unit, what))
+                out.append(f"not told apart from it: {listed}")
         around = [k for k in self.verify if k != self.key]
-        if around:
-            out.append(f"to check it, measure its neighbours too (`explorer recommend ... --verify` queues them): {'; '.join(around)}")
+        if self.kind == "predicted" or around:
+            out.append(f"to check it, measure {'it and ' if self.kind == 'predicted' else ''}its neighbours "
+                       f"(`explorer recommend ... --verify` queues them): {'; '.join(around) or self.key}")
         if self.pruned:
             out.append(f"pruned within budget, never completed (a pruned configuration comes back once when the "
                        f"evidence against it weakens): {', '.join(self.pruned)}")
+        if self.space_max is not None:
+            out.append(f"the budget binds nothing in the space: its largest configuration has {format_count(self.space_max)} "
+                       "params, so within the space this is the answer at that size")
         return out + list(self.beyond)
 
-
-def _measurements(df: pd.DataFrame) -> pd.DataFrame:
-    """Completed trials that measured something: not duplicates answered from storage."""
-    done = df[df["state"] == "COMPLETE"]
-    return done[done["duplicate_of"].isna()] if "duplicate_of" in done else done
-
-
-def _dims(row: dict[str, Any], name: str) -> int | None:
-    value = row.get(name)
-    return None if value is None or (isinstance(value, float) and math.isnan(value)) else int(value)
-
-
-def _known(done: pd.DataFrame, candidates: Sequence[Candidate]) -> pd.DataFrame:
-    """Every config the study measured or could run: arch, dims and params."""
-    cols = ["arch", "layers", "heads", "width", "mlp", "params"]
-    rows = done[cols].to_dict("records") + [
-        {"arch": k, **{d: dims.get(d) for d in cols[1:5]}, "params": p} for k, dims, p in candidates
-    ]
-    return pd.DataFrame(rows, columns=cols).drop_duplicates("arch")
+    def _value(self) -> str:
+        metric = f"{self.metric} {self.value:.4g}"
+        if not math.isfinite(self.lo):
+            return f"{metric} (one seed per configuration: no interval; a second seed of some configurations gives one)"
+        interval = f"{LEVEL:.0%} interval {self.lo:.4g} to {self.hi:.4g}"
+        if self.kind == "predicted":
+            return f"{metric} ({interval}; predicted by the surface, not measured)"
+        seeds = f"{self.n} seed{'s' if self.n != 1 else ''}"
+        return f"{metric} ({interval}; measured at {seeds}, plain mean {self.raw:.4g}, trial {self.trial} first)"
 
 
 def _neighbours(key: str, known: pd.DataFrame, budget: int) -> tuple[str, ...]:
@@ -210,139 +136,81 @@ def _neighbours(key: str, known: pd.DataFrame, budget: int) -> tuple[str, ...]:
     return tuple(dict.fromkeys(near["arch"]))
 
 
-def _predictions(
-    done: pd.DataFrame, candidates: Sequence[Candidate], budget: int, metric: str
-) -> list[dict[str, Any]]:
-    """Surface predictions for the unmeasured candidates within budget, inside the studied range."""
-    out, surfaces = [], {}
-    measured = set(done["arch"])
-    for key, dims, params in candidates:
-        if key in measured or params > budget or dims.get("width") is None:
-            continue
-        at_width = done[done["width"] == dims["width"]]
-        if not (
-            at_width["layers"].min() <= dims["layers"] <= at_width["layers"].max()
-            and at_width["heads"].min() <= dims["heads"] <= at_width["heads"].max()
-        ):
-            continue
-        width = int(dims["width"])
-        if width not in surfaces:
-            surfaces[width] = fit_surface(done, width, metric)
-        if surfaces[width] is None:
-            continue
-        mean, half = surfaces[width].predict(dims["layers"], dims["heads"], dims.get("mlp") or 1)
-        out.append(
-            {**dims, "key": key, "arch": key, "params": params, "value": mean, "kind": "predicted",
-             "uncertainty": half, "model": surfaces[width].describe()}
-        )
-    return out
+def _known(done: pd.DataFrame, candidates: Sequence[Candidate]) -> pd.DataFrame:
+    """Every config the study measured or could run: arch, dims and params."""
+    cols = ["arch", "layers", "heads", "width", "mlp", "params"]
+    rows = done[[c for c in cols if c in done]].to_dict("records") + [
+        {"arch": k, **{d: dims.get(d) for d in cols[1:5]}, "params": p} for k, dims, p in candidates]
+    return pd.DataFrame(rows, columns=cols).drop_duplicates("arch")
 
 
-def recommend(
-    df: pd.DataFrame,
-    budget: int,
-    baseline_key: str | None,
-    metric: str = "accuracy",
-    candidates: Sequence[Candidate] = (),
-    higher_is_better: bool = True,
-    decision: DecisionSpec | None = None,
-    list_ties: bool = False,
-) -> Recommendation:
-    """Best configuration within `budget` from a `trials_frame`, measured or (marked) predicted.
+def _ties(post: Posterior, pick: str, keys: Sequence[str], delta: float, level: float) -> tuple[list[tuple[int, float, str]], list[str]]:
+    """Configurations of `keys` the posterior does not tell from the pick (the `level` interval of the
+    difference holds 0), by params then mean, and those equivalent to it within `delta` (90% interval)."""
+    tied, equivalent = [], []
+    for key in keys:
+        if key == pick or post.n[post.index[key]] == 0:
+            continue
+        d = post.difference(pick, key)
+        lo, hi, lo90, hi90 = np.quantile(d, [(1 - level) / 2, (1 + level) / 2, 1 - level, level])
+        if lo <= 0 <= hi:
+            tied.append((int(post.params[post.index[key]]), -post.sign() * float(post.mean[post.index[key]]), key))
+            if -delta < lo90 and hi90 < delta:
+                equivalent.append(key)
+    return sorted(tied), equivalent
 
-    `candidates` are the space's feasible configs; those inside the budget that no completed
-    trial measured are the ones the fitted surface may predict. `decision` sets the margin and level of
-    the decision (`decide`); `list_ties` makes `lines()` list the configurations tied with the pick.
-    """
+
+def describe(post: Posterior) -> str:
+    """The posterior's model in one line: the surface and its check, or why there is none."""
+    if post.model == "none":
+        return ""
+    parts = []
+    if post.model == "smooth" and post.check is not None:
+        parts.append(f"measured means shrunk towards a smooth surface over the free dimensions (held-out seeds inside "
+                     f"their 95% intervals: {post.check.inside} of {post.check.held_out})")
+    elif post.note:
+        parts.append(post.note)
+    else:
+        parts.append("per-configuration means")
+    return "; ".join(parts + [post.noise.describe()]) if post.noise is not None else "; ".join(parts)
+
+
+def recommend(df: pd.DataFrame, budget: int, baseline_key: str | None, metric: str = "accuracy",
+              candidates: Sequence[Candidate] = (), higher_is_better: bool = True, decision: DecisionSpec | None = None,
+              list_ties: bool = False, first_seed: int = 0) -> Recommendation:
+    """The answer at `budget` from a `trials_frame`: the pick with its bound, decided or not, its verdict
+    against the baseline; `candidates` (the space's feasible configurations) are predicted where
+    unmeasured and count among "the configurations within the budget"."""
     decision = decision or DecisionSpec()
-    sign = 1.0 if higher_is_better else -1.0
-    done = _measurements(df).dropna(subset=[metric, "params"])
+    done = df[df["state"] == "COMPLETE"].dropna(subset=[metric, "params"])
+    if "duplicate_of" in done:
+        done = done[done["duplicate_of"].isna()]
     direction = "maximize" if higher_is_better else "minimize"
-    table = summarize(done, metric, [(metric, direction), ("params", "minimize")], level=decision.level, draws=0)
-    groups = groups_of(table)
-    noise = table.attrs["noise"]
-    first = done.groupby("arch")["number"].min() if len(done) else pd.Series(dtype=int)
-    inside = table[table["params"] <= budget]
-    measured: dict[str, Any] | None = None
-    if len(inside):  # ties: fewer params, then the earlier trial
-        best = inside.assign(_score=sign * inside["mean"], number=inside["arch"].map(first))
-        best = best.sort_values(["_score", "params", "number"], ascending=[False, True, True]).iloc[0]
-        measured = {**best.to_dict(), "key": best["arch"], "value": float(best["mean"]), "kind": "measured",
-                    "trial": int(best["number"]), "n": int(best["n"]), "half": float(best["hi"] - best["mean"])}
-    predicted = [
-        p for p in _predictions(done, candidates, budget, metric)
-        if measured is None or sign * p["value"] - p["uncertainty"] > sign * measured["value"]
-    ]
-    chosen = max(predicted, key=lambda p: sign * p["value"]) if predicted else measured
-    if chosen is None:
-        raise ExplorerError(
-            f"no completed trial or predictable configuration within {format_count(budget)} parameters",
-            field="budget",
-        )
-
-    delta = decision.margin(higher_is_better, chosen["value"])
-    tied: list[tuple[int, float, str]] = []
-    equivalent: list[str] = []
-    decisions: list[Decision] = []
-    family = max(1, len(inside) - 1)
-    if chosen["kind"] == "measured":
-        noise: NoiseModel = table.attrs["noise"]
-        for row in inside.itertuples():
-            if row.arch == chosen["key"]:
-                continue
-            c = compare(groups[chosen["key"]], groups[row.arch], higher_is_better, decision.level,
-                        noise.prior(chosen["key"], row.arch), family)
-            if math.isfinite(c.half) and c.tied:
-                tied.append((int(row.params), -sign * row.mean, row.arch))
-                if c.equivalent(delta):
-                    equivalent.append(row.arch)
-        decisions = decide(table, budget, chosen["key"], baseline_key, higher_is_better, delta, decision.level)
-    tied.sort()
-
-    base_value = base_params = comparison = None
-    if baseline_key in groups:
-        base = table[table["arch"] == baseline_key].iloc[0]
-        base_value, base_params = float(base["mean"]), int(base["params"])
-        if chosen["kind"] == "measured":
-            against = sum(1 for p, k in zip(inside["params"], inside["arch"]) if k != baseline_key and p <= base_params)
-            against += chosen["params"] > base_params
-            comparison = compare(groups[chosen["key"]], groups[baseline_key], higher_is_better, decision.level,
-                                 noise.prior(chosen["key"], baseline_key), max(1, against))
-        else:  # a prediction against a measured mean: unpaired, both uncertainties
-            half = math.hypot(chosen["uncertainty"], float(base["hi"] - base["mean"]) if math.isfinite(base["hi"]) else 0.0)
-            comparison = Comparison(sign * (chosen["value"] - base_value), half, 0, math.nan)
-    elif baseline_key is not None:
-        base_params = next((p for k, _, p in candidates if k == baseline_key), None)
-
-    prior = measured if chosen["kind"] == "predicted" else None
+    table = summarize(done, metric, [(metric, direction), ("params", "minimize")], level=decision.level, draws=0,
+                      first_seed=first_seed, candidates=candidates)
+    if not len(table):
+        raise ExplorerError("no completed trial to recommend from", field="budget")
+    post: Posterior = table.attrs["posterior"]
+    best = float(np.nanmax(post.sign() * table["mean"])) * post.sign()
+    delta = decision.margin(higher_is_better, best)
+    said = answer(post, budget, baseline_key, delta, decision.level)
+    key = said.pick
+    i = post.index[key]
+    lo, hi = post.interval(decision.level)
+    measured = post.n[i] > 0
+    dims = next((dict(d) for k, d, _ in candidates if k == key), None)
+    if dims is None:
+        row = table[table["arch"] == key].iloc[0]
+        dims = {d: (None if pd.isna(row.get(d)) else int(row[d])) for d in ("layers", "heads", "width", "mlp") if d in row}
+    first = done.groupby("arch")["number"].min() if "number" in done and len(done) else pd.Series(dtype=int)
+    inside = [k for k in said.regret.keys if k != key]
+    tied, equivalent = _ties(post, key, inside, delta, decision.level)
+    space = max((p for _, _, p in candidates), default=None)
     return Recommendation(
-        budget=int(budget),
-        key=str(chosen["key"]),
-        layers=int(chosen["layers"]),
-        heads=int(chosen["heads"]),
-        width=_dims(chosen, "width"),
-        mlp=_dims(chosen, "mlp"),
-        params=int(chosen["params"]),
-        metric=metric,
-        value=float(chosen["value"]),
-        kind=chosen["kind"],
-        trial=chosen.get("trial"),
-        n=int(chosen.get("n", 0)),
-        half=float(chosen.get("half", math.nan)),
-        uncertainty=chosen.get("uncertainty"),
-        model=chosen.get("model"),
-        measured_key=prior["key"] if prior else None,
-        measured_value=prior["value"] if prior else None,
-        baseline_key=baseline_key,
-        baseline_value=base_value,
-        tied=tuple(k for _, _, k in tied),
-        tied_params=tuple(p for p, _, _ in tied),
-        equivalent=tuple(k for _, _, k in tied if k in equivalent),
-        decisions=tuple(decisions),
-        delta=delta,
-        list_ties=list_ties,
-        higher_is_better=higher_is_better,
-        baseline_params=base_params,
-        baseline=comparison,
-        verify=_neighbours(str(chosen["key"]), _known(done, candidates), budget),
-    )
+        budget=int(budget), key=key, dims=dims, params=int(post.params[i]), metric=metric,
+        value=float(post.mean[i]), lo=float(lo[i]), hi=float(hi[i]), kind="measured" if measured else "predicted",
+        answer=said, n=int(post.n[i]), raw=float(post.raw[i]), trial=int(first[key]) if key in first else None,
+        model=describe(post), tied=tuple(k for _, _, k in tied), tied_params=tuple(p for p, _, _ in tied),
+        equivalent=tuple(k for _, _, k in tied if k in equivalent), list_ties=list_ties,
+        verify=_neighbours(key, _known(done, candidates), budget), higher_is_better=higher_is_better,
+        space_max=space if space is not None and budget >= space else None)

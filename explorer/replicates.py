@@ -1,23 +1,22 @@
 """Which configurations get another seed: every one up to the maximum (`fixed`), those whose place on the
-front is open (`adaptive`), or those whose comparison leaves a budget undecided (`decide`).
+front is open (`adaptive`), or those whose next seed most shrinks an undecided budget's regret bound
+(`decide`).
 
 All but `fixed` run in rounds once every configuration the study asked for has its first seed.
 
 `adaptive`: a round adds one seed to each configuration that is neither confidently on the Pareto front
-(front probability, explorer.stats, at least `confidence`) nor settled off it. A configuration is
-settled off the front only when one specific configuration with no more parameters beats it with
-probability `confidence` (explorer.stats.compare's `p_better`). A front probability below `1 -
-confidence` is not enough: configurations of the same parameter count (heads change no parameters)
-split it, so on a plateau every sibling fell below it after one seed and the best were starved (on
-digits-vit the three best got 1.4 seeds on average, cheaper ones 2.9).
+(front probability at least `confidence`) nor settled off it. A configuration is settled off the front
+only when one specific configuration with no more parameters beats it with probability `confidence`
+(from the posterior's draws of their difference). A front probability below `1 - confidence` is not
+enough: configurations of the same parameter count (heads change no parameters) split it, so on a
+plateau every sibling fell below it after one seed and the best were starved.
 
-`decide`: a round adds one seed to both configurations of each budget's undecided comparison
-(explorer.recommend.decide: the pick against the runner-up or the baseline), at the budgets the study
-names, until every budget is decided or the pair is at the seed cap.
-
-Before any configuration has two seeds there is no noise estimate: `adaptive`'s first round gives a
-second seed to the configurations on the one-seed front; `decide` asks its undecided pairs, which then
-have no interval.
+`decide` (explorer.decisions.next_seeds): a round gives one seed each to the configurations whose seed
+most shrinks the regret bounds still above the margin at the study's budgets (budgets holding the same
+configurations count once), until every budget is decided, no seed would shrink a bound, or the
+configurations that matter are at the seed cap (`decision.max_seeds`, else `budget.seeds`). Before any
+configuration has two seeds there is no noise estimate: the first round gives the two best means of
+each question their second seed.
 """
 
 from __future__ import annotations
@@ -29,8 +28,9 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
-from explorer.decisions import DecisionSpec, decide
-from explorer.stats import FRONT_DRAWS, compare, groups_of, summarize
+from explorer.decisions import DecisionSpec, next_seeds
+from explorer.posterior import Posterior
+from explorer.stats import FRONT_DRAWS, summarize
 
 
 class ReplicateSpec(BaseModel):
@@ -45,70 +45,62 @@ def wanted(summary: pd.DataFrame, max_seeds: int, spec: ReplicateSpec, budgets: 
            baseline: str | None = None, higher_is_better: bool = True, decision: DecisionSpec | None = None) -> list[str]:
     """Configurations of a `stats.summarize` table that should get one more seed now.
 
-    `decide` reads `budgets` (parameter counts; none: `decision`'s default over the measured range), the
-    `baseline` configuration, the metric's direction and `decision` (margin, level, seed cap).
+    `decide` reads the table's posterior, `budgets` (parameter counts; none: `decision`'s default over
+    the space), the `baseline` and `decision` (margin, level, seed cap).
     """
     if not len(summary):
         return []
     room = summary["n"] < max_seeds
     if spec.policy == "fixed":
         return list(summary.loc[room, "arch"])
+    post: Posterior = summary.attrs["posterior"]
     if spec.policy == "decide":
-        return _undecided(summary, max_seeds, budgets, baseline, higher_is_better, decision or DecisionSpec())
+        return wanted_keys(post, max_seeds, budgets, decision or DecisionSpec())
     if summary["front_prob"].isna().all():  # no replicate yet: no noise estimate
         return list(summary.loc[room & summary["on_front"] & (len(summary) > 1), "arch"])
     sure = summary["front_prob"] >= spec.confidence
-    beaten = _beaten(summary, spec.confidence, higher_is_better)
+    beaten = _beaten(summary, post, spec.confidence)
     return list(summary.loc[room & ~sure & ~beaten, "arch"])
 
 
-def _beaten(summary: pd.DataFrame, confidence: float, higher_is_better: bool) -> pd.Series:
+def wanted_keys(post: Posterior, max_seeds: int, budgets: Sequence[int], decision: DecisionSpec) -> list[str]:
+    """The `decide` policy on a posterior: the configurations that get one more seed now."""
+    cap = min(max_seeds, decision.max_seeds or max_seeds)
+    measured = post.n > 0
+    room = {k: int(cap - n) for k, n, m in zip(post.keys, post.n, measured) if m}
+    best = float(np.nanmax(post.sign() * post.mean[measured])) * post.sign()
+    delta = decision.margin(post.higher_is_better, best)
+    at = budgets or decision.budget_list([int(p) for p in post.params])
+    return next_seeds(post, at, delta, decision.level, room)
+
+
+def _beaten(summary: pd.DataFrame, post: Posterior, confidence: float) -> pd.Series:
     """Whether some configuration with no more parameters beats each one with probability `confidence`."""
-    groups, noise = groups_of(summary), summary.attrs["noise"]
+    if not post.has_intervals:
+        return pd.Series(False, index=summary.index)
     out = []
     for row in summary.itertuples():
         cheaper = summary.loc[(summary["params"] <= row.params) & (summary["arch"] != row.arch), "arch"]
-        out.append(any(compare(groups[k], groups[row.arch], higher_is_better, prior=noise.prior(k, row.arch)).p_better
-                       >= confidence for k in cheaper))
+        out.append(any(float(np.mean(post.difference(k, row.arch) > 0)) >= confidence for k in cheaper))
     return pd.Series(out, index=summary.index)
-
-
-def _undecided(summary: pd.DataFrame, max_seeds: int, budgets: Sequence[int], baseline: str | None,
-               higher_is_better: bool, decision: DecisionSpec) -> list[str]:
-    """Both configurations of every undecided budget's comparison that still have room under the cap."""
-    cap = min(max_seeds, decision.max_seeds or max_seeds)
-    n = dict(zip(summary["arch"], summary["n"]))
-    sign = 1.0 if higher_is_better else -1.0
-    out: dict[str, None] = {}
-    for budget in budgets or decision.budget_list(summary["params"].astype(int).tolist()):
-        inside = summary[summary["params"] <= budget]
-        if not len(inside):
-            continue
-        pick = inside.assign(_s=sign * inside["mean"]).sort_values(["_s", "params"], ascending=[False, True])["arch"].iloc[0]
-        delta = decision.margin(higher_is_better, float(inside.loc[inside["arch"] == pick, "mean"].iloc[0]))
-        said = decide(summary, budget, pick, baseline, higher_is_better, delta, decision.level)
-        if said and not said[0].decided:
-            out.update({k: None for k in (said[0].a, said[0].b) if n[k] < cap})
-    return list(out)
 
 
 def replay(tables: dict[str, dict[int, float]], params: dict[str, int], seeds: Sequence[int], spec: ReplicateSpec,
            objectives: Sequence[tuple[str, str]] = (("accuracy", "maximize"), ("params", "minimize")),
            draws: int = FRONT_DRAWS, budgets: Sequence[int] = (), baseline: str | None = None,
-           decision: DecisionSpec | None = None) -> dict[str, list[int]]:
-    """Run the policy on known results: `tables[key][seed]` is the metric a run would give.
-
-    Returns the seeds each configuration ended with. What `bench/stability.py` and the tests use to
-    measure the policy without training; studies run the same `wanted` on their stored trials.
-    """
+           decision: DecisionSpec | None = None, dims: dict[str, dict[str, int]] | None = None) -> dict[str, list[int]]:
+    """Run the policy on known results: `tables[key][seed]` is the metric a run would give (`dims`: each
+    configuration's dimensions, for the surface). Returns the seeds each configuration ended with. What
+    `bench/stability.py` and the tests use to measure the policy without training; studies run the
+    same `wanted` on their stored trials."""
     metric = objectives[0][0]
     higher = dict(objectives)[metric] == "maximize"
     budgets = budgets or (decision or DecisionSpec()).budget_list(list(params.values()))
     got = {key: [seeds[0]] for key in tables}
     while True:
-        frame = pd.DataFrame([{"state": "COMPLETE", "arch": k, "seed": s, "params": params[k], metric: tables[k][s]}
-                              for k, ss in got.items() for s in ss])
-        summary = summarize(frame, metric, objectives, draws=0 if spec.policy == "decide" else draws)
+        frame = pd.DataFrame([{"state": "COMPLETE", "arch": k, "seed": s, "params": params[k], metric: tables[k][s],
+                               **(dims or {}).get(k, {})} for k, ss in got.items() for s in ss])
+        summary = summarize(frame, metric, objectives, draws=draws)
         more = wanted(summary, len(seeds), spec, budgets, baseline, higher, decision)
         if not more:
             return got

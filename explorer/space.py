@@ -315,6 +315,26 @@ class SearchSpace:
         why = "; ".join(self.explain(dims)) or "it is not in the free ranges"
         raise self._error(f"baseline is infeasible: {why}", "baseline")
 
+    def widened(self, budget: int, steps: int = 64) -> list[Config]:
+        """Feasible configurations past the declared ranges with at most `budget` parameters, not in the
+        space (those of `wider(budget)`): where the shape law may predict beyond the space (explorer.extrapolate)."""
+        known = {c.key for c in self.configs()}
+        return [c for c in self.wider(budget, steps)._enumerated[0] if c.params <= budget and c.key not in known]
+
+    def wider(self, budget: int, steps: int = 64) -> SearchSpace:
+        """This space with each `{min, max, step}` range continued upwards while its smallest configuration
+        fits `budget` (at most `steps` more values); the fixed dimensions, value lists and constraints kept."""
+        free = dict(self.spec.free)
+        base = {**self.family.defaults(), **self.spec.fixed,
+                **{k: 1 if v == "divisors" else v.min if isinstance(v, Range) else min(v) for k, v in free.items()}}
+        for key, values in free.items():
+            if isinstance(values, Range):
+                top = values.max
+                while top < values.max + steps * values.step and self.family.params({**base, key: top + values.step}) <= budget:
+                    top += values.step
+                free[key] = Range(min=values.min, max=top, step=values.step)
+        return SearchSpace(self.spec.model_copy(update={"free": free}), self.source)
+
     def to_dict(self) -> dict[str, Any]:
         return self.spec.model_dump(mode="json")
 

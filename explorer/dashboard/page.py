@@ -20,7 +20,7 @@ import pandas as pd
 from plotly.offline import get_plotlyjs
 
 from explorer.dashboard.plots import FIGURES, figures
-from explorer.dashboard.reading import is_replicated, metric_of, summaries
+from explorer.dashboard.reading import answers, is_replicated, metric_of, summaries
 from explorer.dashboard.text import NO_INTERVALS, esc, interval_text, num
 from explorer.frame import trials_frame
 from explorer.identity import current_rows
@@ -64,7 +64,7 @@ def _table(frames: dict[str, pd.DataFrame], meta: dict[str, dict], stats: dict[s
 
 def _config_table(frames: dict[str, pd.DataFrame], meta: dict[str, dict], stats: dict[str, pd.DataFrame]) -> str:
     """One row per configuration (`stats.summarize`): its seeds, mean, interval and place on the front."""
-    columns = ["study", "arch", "layers", "heads", "width", "mlp", "params", "n", "mean", "±", "lo", "hi", "std",
+    columns = ["study", "arch", "layers", "heads", "width", "mlp", "params", "n", "raw", "mean", "±", "lo", "hi", "std",
                "P(on front)", "front", "tied with", "values by seed"]
     if not any(is_replicated(summary) for summary in stats.values()):  # no interval anywhere: no empty columns
         columns = [c for c in columns if c not in ("±", "lo", "hi", "std", "P(on front)", "tied with")]
@@ -95,16 +95,46 @@ def _sortable(table_id: str, columns: list[str], body: list[str]) -> str:
     return f'<table id="{table_id}" class="sortable"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
+def _answers_table(frames: dict[str, pd.DataFrame], meta: dict[str, dict], stats: dict[str, pd.DataFrame]) -> str:
+    """Budget -> the configuration to use and its bound eps, decided or not, its verdict against the
+    baseline: the answer each study gives at its budgets (explorer.decisions), beside the front."""
+    columns = ["study", "budget", "use", "params", "mean", "95% interval", "ε", "decided", "vs baseline", "more seeds would go to"]
+    body = []
+    for name, summary in stats.items():
+        said = answers(summary, meta[name])
+        if not said:
+            continue
+        post = summary.attrs["posterior"]
+        lo, hi = post.interval()
+        _, higher = metric_of(meta[name])
+        unit = 100.0 if higher else 1.0
+        for at, a in said:
+            i = post.index[a.pick]
+            values = {"study": name, "budget": " to ".join(dict.fromkeys(format_count(b) for b in (at[0], at[-1]))),
+                      "use": a.pick, "params": int(post.params[i]), "mean": post.mean[i],
+                      "95% interval": f"{num(lo[i])} to {num(hi[i])}" if post.has_intervals else "",
+                      "ε": unit * a.eps, "decided": "yes" if a.decided else "no",
+                      "vs baseline": a.verdict.kind if a.verdict is not None else "",
+                      "more seeds would go to": ", ".join(f"{k} ({n})" for k, n in a.advice.items()) if not a.decided else ""}
+            body.append("<tr>" + "".join(_td(c, values[c]) for c in columns) + "</tr>")
+    if not body:
+        return ""
+    note = ("<p>At each budget: use the configuration named, within ε (points for an accuracy) of the best configuration "
+            "within the budget with 95% probability under the study's posterior; decided when ε is at most the study's "
+            "margin (decision.delta). The verdict against the baseline comes from the same posterior.</p>")
+    return f"<section><h2>Answers by budget</h2>{note}{_sortable('answer-table', columns, body)}</section>"
+
+
 def _config_note(stats: dict[str, pd.DataFrame]) -> str:
     """What the configuration table's numbers are, or plainly that there are none."""
     if not any(is_replicated(s) for s in stats.values()):
         return (f"<p><b>{NO_INTERVALS.capitalize()}</b>: every configuration was trained under one seed, so there "
                 "is no spread, interval or front probability to show; more seeds per configuration give them.</p>")
-    return (f"<p>Mean over seeds, its {LEVEL:.0%} t interval (lo to hi; ± is half its width; each variance "
-            "moderated towards a prior fitted on the other configurations' variances, as limma's squeezeVar does, "
-            "or the configuration's own where the variances differ), P(on front): the probability of being on the "
-            "Pareto front, and for a configuration off the front the front member it is tied with (no evidence "
-            "either is better). Click a column to sort.</p>")
+    return (f"<p>Mean: the posterior mean of each configuration's metric (its seeds' plain mean moved towards a smooth "
+            f"surface over the free dimensions as far as its noise allows; raw: the plain mean), its {LEVEL:.0%} "
+            "interval (lo to hi; ± is half its width; inside [0, 1] for an accuracy), P(on front): the share of "
+            "posterior draws in which it is on the Pareto front, and for a configuration off the front the front "
+            "member the posterior cannot tell from it. Click a column to sort.</p>")
 
 
 _STATUS_JS = """
@@ -190,7 +220,7 @@ def render(frames: dict[str, pd.DataFrame], out: Path, meta: dict[str, dict]) ->
 <style>{_CSS}</style><script>{_STATUS_JS}</script>
 <script type="text/javascript">{get_plotlyjs()}</script></head>
 <body><h1>{esc(title)}</h1><ul>{"".join(_summary(n, df, meta[n], stats[n]) for n, df in frames.items())}</ul>
-{"".join(sections)}
+{sections[0] if sections else ""}{_answers_table(frames, meta, stats)}{"".join(sections[1:])}
 <section><h2>Configurations</h2>{_config_note(stats)}{_config_table(frames, meta, stats)}</section>
 <section><h2>Trials</h2><p>Click a column to sort.</p>{_table(frames, meta, stats)}</section>
 <script>{_SORT_JS}</script></body></html>
@@ -232,5 +262,7 @@ def render_studies(paths: Sequence[str | Path], out: Path | None = None) -> Path
             "space": study.space.name,
             "first_seed": study.seeds[0],  # what a trial stored without a seed trained with
             "candidates": [(c.key, c.dims, c.params) for c in study.space.configs()],
+            "budgets": study.budgets(),
+            "decision": study.spec.decision,
         }
     return render(frames, out or default_output(Path(paths[0]), list(frames)), meta)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from explorer.decisions import Answer, DecisionSpec, answer, distinct
 from explorer.pareto import DEFAULT_OBJECTIVES
 from explorer.stats import summarize
 
@@ -73,7 +74,8 @@ def summaries(frames: dict[str, pd.DataFrame], meta: dict[str, dict]) -> dict[st
     for name, df in frames.items():
         metric, _ = metric_of(meta[name])
         done = completed(df, metric) if metric in df else df.iloc[0:0]
-        out[name] = (summarize(done, metric, _study_objectives(meta[name], df), first_seed=first_seed(meta[name]))
+        out[name] = (summarize(done, metric, _study_objectives(meta[name], df), first_seed=first_seed(meta[name]),
+                               candidates=meta[name].get("candidates") or ())
                      if len(done) else pd.DataFrame())
     return out
 
@@ -81,3 +83,17 @@ def summaries(frames: dict[str, pd.DataFrame], meta: dict[str, dict]) -> dict[st
 def is_replicated(summary: pd.DataFrame) -> bool:
     """Whether any configuration has more than one seed (else there is no interval anywhere)."""
     return bool(len(summary)) and bool((summary["n"] > 1).any())
+
+
+def answers(summary: pd.DataFrame, meta: dict[str, Any]) -> list[tuple[list[int], Answer]]:
+    """The study's answer at each of its budgets (`meta["budgets"]`, else the decision defaults over its
+    configurations), budgets holding the same configurations once, from the summary's posterior."""
+    if not len(summary):
+        return []
+    post = summary.attrs["posterior"]
+    decision = meta.get("decision") or DecisionSpec()
+    _, higher = metric_of(meta)
+    budgets = meta.get("budgets") or decision.budget_list([int(p) for p in post.params])
+    best = float(post.sign() * (post.sign() * summary["mean"]).max())
+    delta = decision.margin(higher, best)
+    return [(at, answer(post, at[-1], meta.get("baseline"), delta, decision.level)) for at in distinct(post, budgets).values()]

@@ -99,10 +99,13 @@ class Reads:
         return out
 
     def summary(self, ostudy: optuna.Study, draws: int | None = None) -> pd.DataFrame:
-        """Per-configuration statistics of the stored measurements (explorer.stats.summarize)."""
+        """Per-configuration statistics of the stored measurements (explorer.stats.summarize), with the
+        posterior of every configuration of the space (the unmeasured ones predicted) in its attrs."""
         objectives = [(o.name, o.direction) for o in self.study.objectives]
         kwargs = {} if draws is None else {"draws": draws}
-        return summarize(current_rows(trials_frame(ostudy), ostudy), self.study.task.metric, objectives, first_seed=self.study.seeds[0], **kwargs)
+        candidates = [(c.key, c.dims, c.params) for c in self.study.configs.values()]
+        return summarize(current_rows(trials_frame(ostudy), ostudy), self.study.task.metric, objectives,
+                         first_seed=self.study.seeds[0], candidates=candidates, **kwargs)
 
     def replicate_cost(self, ostudy: optuna.Study) -> tuple[int, int]:
         """(runs measured, runs that every measured configuration at the maximum seeds would take)."""

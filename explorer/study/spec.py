@@ -61,7 +61,7 @@ class PrunerSpec(BaseModel):
     reduction_factor: int = Field(2, ge=2)
     param_bins: int = Field(3, ge=1)
     margin: float = Field(0.0, ge=0)  # dominated only, in the metric's units
-    noise: float = Field(0.0, ge=0)  # dominated only: the replicate sd of the final metric; 0 trusts single runs
+    noise: float | None = Field(None, ge=0)  # dominated only: a run's sd of the final metric; None: the study's own noise model
 
 
 class ExecutorSpec(BaseModel):

@@ -1,0 +1,156 @@
+"""A smooth surface over configurations: a Gaussian-process prior fitted by marginal likelihood.
+
+A configuration's true mean (on the noise model's scale, explorer.noise) is a constant, plus a smooth
+function of its free dimensions (squared-exponential kernel over their logs, one length scale each:
+ARD), plus a deviation of its own (`tau`: how far a configuration may sit off the surface). The
+measured means carry known noise (their covariance from the noise model, seeds shared included). The
+amplitude, length scales and `tau` maximise the marginal likelihood (L-BFGS-B, analytic gradient,
+two starts); the constant has a vague normal prior (`CONSTANT_VAR` x the spread of the means) and is
+integrated out. Rasmussen and Williams (2006), chapters 2 and 5.
+
+`tau` is not left at its maximum-likelihood value: early in a study most configurations have one seed,
+the likelihood is flat from 0 to a few tenths of a run's sd, and its maximum sits at 0 (every
+configuration exactly on the surface), which in simulated studies made the bound 3x too sure
+(bench/decide.py: 14% false decisions). Instead `tau` is integrated over a uniform prior on the sd
+(Gelman 2006, for the variance of a hierarchical component) on a grid, and the mixture of the
+posteriors is summarised by its mean and covariance (`mixed`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import linalg, optimize
+
+CONSTANT_VAR = 4.0  # the constant's prior variance, in units of the means' variance (at least 0.1)
+JITTER = 1e-9
+TAU_GRID = 8  # points of the grid over tau, from 0 to `tau_max`
+
+
+@dataclass(frozen=True)
+class Hyper:
+    """Fitted kernel settings: amplitude `sf`, length scales `ell` (log units per dimension), deviation `tau`."""
+
+    sf: float
+    ell: tuple[float, ...]
+    tau: float
+
+    def theta(self) -> np.ndarray:
+        return np.log([self.sf, *self.ell, max(self.tau, 1e-3)])
+
+
+def features(dims: list[dict[str, float]]) -> tuple[np.ndarray, tuple[str, ...]]:
+    """(configurations x dimensions) inputs: the log of every numeric dimension that varies among them."""
+    names = sorted({k for d in dims for k, v in d.items() if isinstance(v, (int, float, np.integer, np.floating))
+                    and not isinstance(v, (bool, np.bool_))})
+    cols, used = [], []
+    for name in names:
+        values = np.array([float(d.get(name, np.nan)) for d in dims])
+        if np.isnan(values).any() or np.ptp(values) == 0:
+            continue
+        cols.append(np.log(values) if values.min() > 0 else values)
+        used.append(name)
+    return (np.column_stack(cols) if cols else np.zeros((len(dims), 0))), tuple(used)
+
+
+def _sq(x: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """(dims, len(x), len(z)) squared differences per dimension."""
+    return (x.T[:, :, None] - z.T[:, None, :]) ** 2
+
+
+def _shape(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The kernel's correlation at scaled squared distance q = sum (dx / ell)², and -2 d(corr)/dq (for the
+    length scales' gradient): squared exponential (a Matérn 5/2 kernel covered no better on digits-vit)."""
+    c = np.exp(-0.5 * q)
+    return c, c
+
+
+def kernel(hyper: Hyper, x: np.ndarray, z: np.ndarray, constant: float) -> np.ndarray:
+    """The prior covariance between configurations at `x` and at `z` (`tau` only where they are the same row)."""
+    ell2 = np.square(hyper.ell)
+    k = constant + hyper.sf**2 * _shape(np.tensordot(1 / ell2, _sq(x, z), axes=1))[0] if len(ell2) else \
+        np.full((len(x), len(z)), constant + hyper.sf**2)
+    if x is z:
+        k = k + hyper.tau**2 * np.eye(len(x))
+    return k
+
+
+def _nll(theta: np.ndarray, d2: np.ndarray, y: np.ndarray, noise: np.ndarray, constant: float) -> tuple[float, np.ndarray]:
+    """Negative log marginal likelihood and its gradient in (log sf, log ell..., log tau)."""
+    sf2, ell2, tau2 = np.exp(2 * theta[0]), np.exp(2 * theta[1:-1]), np.exp(2 * theta[-1])
+    r, dr = _shape(np.tensordot(1 / ell2, d2, axes=1)) if len(ell2) else (np.ones((len(y), len(y))), None)
+    k = constant + sf2 * r + tau2 * np.eye(len(y)) + noise
+    try:
+        chol = linalg.cho_factor(k, lower=True, check_finite=False)
+    except linalg.LinAlgError:
+        return 1e10, np.zeros_like(theta)
+    alpha = linalg.cho_solve(chol, y, check_finite=False)
+    nll = 0.5 * y @ alpha + np.log(np.diag(chol[0])).sum()
+    w = linalg.cho_solve(chol, np.eye(len(y)), check_finite=False) - np.outer(alpha, alpha)
+    grad = np.empty_like(theta)
+    grad[0] = np.sum(w * sf2 * r)
+    for i in range(len(ell2)):
+        grad[1 + i] = 0.5 * np.sum(w * sf2 * dr * d2[i] / ell2[i])
+    grad[-1] = np.trace(w) * tau2
+    return float(nll), grad
+
+
+def fit(x: np.ndarray, y: np.ndarray, noise: np.ndarray, warm: Hyper | None = None) -> tuple[Hyper, float]:
+    """The hyperparameters maximising the marginal likelihood of means `y` at `x` with noise covariance
+    `noise`, and the constant's prior variance; from a default start and from `warm` (an earlier fit)."""
+    spread = max(float(np.var(y)), 1e-4)
+    constant = CONSTANT_VAR * max(spread, 0.1)
+    d2 = _sq(x, x)
+    ranges = np.maximum(np.ptp(x, axis=0), 0.1) if x.shape[1] else np.zeros(0)
+    lower = np.log(np.concatenate([[1e-3], 0.1 * ranges, [1e-3]]))
+    upper = np.log(np.concatenate([[10.0], 20 * ranges, [5.0]]))
+    sd = np.sqrt(spread)
+    starts = [np.log(np.concatenate([[sd], ranges, [0.3 * sd]]))]
+    if warm is not None and len(warm.ell) == x.shape[1]:  # an earlier fit of the same study: it alone (one more seed moves it little)
+        starts = [np.clip(warm.theta(), lower, upper)]
+    best, value = starts[0], np.inf
+    yc = y - y.mean()
+    for start in starts:
+        res = optimize.minimize(_nll, np.clip(start, lower, upper), args=(d2, yc, noise, constant), jac=True,
+                                method="L-BFGS-B", bounds=list(zip(lower, upper)), options={"maxiter": 200})
+        if res.fun < value:
+            best, value = res.x, res.fun
+    return Hyper(float(np.exp(best[0])), tuple(np.exp(best[1:-1]).tolist()), float(np.exp(best[-1]))), constant
+
+
+def posterior(hyper: Hyper, constant: float, x_all: np.ndarray, seen: np.ndarray, y: np.ndarray,
+              noise: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Posterior mean and covariance of every configuration's true mean (rows of `x_all`), given the
+    measured means `y` of the rows `seen` with noise covariance `noise`."""
+    k_all = kernel(hyper, x_all, x_all, constant)
+    k_seen = k_all[np.ix_(seen, seen)] + noise
+    chol = linalg.cho_factor(k_seen + JITTER * np.eye(len(seen)), lower=True, check_finite=False)
+    cross = k_all[:, seen]
+    prior = y.mean()
+    mean = prior + cross @ linalg.cho_solve(chol, y - prior, check_finite=False)
+    cov = k_all - cross @ linalg.cho_solve(chol, cross.T, check_finite=False)
+    return mean, 0.5 * (cov + cov.T)
+
+
+def evidence(hyper: Hyper, constant: float, x: np.ndarray, y: np.ndarray, noise: np.ndarray) -> float:
+    """The log marginal likelihood of means `y` at `x` (up to a constant)."""
+    nll, _ = _nll(hyper.theta(), _sq(x, x), y - y.mean(), noise, constant)
+    return -nll
+
+
+def mixed(hyper: Hyper, constant: float, x_all: np.ndarray, seen: np.ndarray, y: np.ndarray, noise: np.ndarray,
+          tau_max: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The posterior with `tau` integrated over a uniform prior on [0, `tau_max`] (a grid of TAU_GRID
+    points, the other settings held): its mean and covariance (moment-matched), the grid and its weights."""
+    taus = np.linspace(0.0, tau_max, TAU_GRID)
+    hypers = [Hyper(hyper.sf, hyper.ell, float(t)) for t in taus]
+    logw = np.array([evidence(h, constant, x_all[seen], y, noise) for h in hypers])
+    w = np.exp(logw - logw.max())
+    w /= w.sum()
+    parts = [posterior(h, constant, x_all, seen, y, noise) for h, wk in zip(hypers, w) if wk > 1e-4]
+    ws = w[w > 1e-4] / w[w > 1e-4].sum()
+    mean = sum(wk * m for wk, (m, _) in zip(ws, parts))
+    cov = sum(wk * (c + np.outer(m - mean, m - mean)) for wk, (m, c) in zip(ws, parts))
+    return mean, 0.5 * (cov + cov.T), taus, w
+

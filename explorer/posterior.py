@@ -1,0 +1,329 @@
+"""One posterior over every configuration's true mean: what the pick, its regret bound, the intervals,
+the front probabilities, the verdicts against the baseline and the seed policy all read.
+
+Fitted once per read of a study (`fit`), from the measured runs ({configuration: {seed: metric}}),
+each configuration's dimensions, and the space's unmeasured configurations (predicted, with their
+uncertainty). The runs' noise is explorer.noise's model (level-dependent, pooled, seeds shared); the
+configurations' true means have the smooth prior of explorer.gp. The posterior is Gaussian on the noise
+model's scale (the logit for accuracy), so its draws, mapped back to the metric, stay inside [0, 1]:
+an accuracy interval never passes 1. Each measured configuration's noise variance is widened by
+(t(d, 0.975) / z(0.975))², d its moderated degrees of freedom, so that an estimated variance counts
+as one (as a t interval does).
+
+The smooth model is checked before it is used: each replicated configuration's k-th seed is held out
+in turn (one fold per k), predicted from the rest, and the model is kept when the held-out seeds fall
+inside their 95% predictive intervals about as often as they should (more misses than Binomial(n,
+0.05) gives with probability `CHECK_P` fail it). Where it fails, or with fewer than `MIN_SMOOTH`
+measured configurations, the posterior is per configuration (each its own mean with the pooled noise
+model, no surface) and `note` says so. With no replicate at all there is no noise estimate: `model`
+is "none", the means are the runs, and nothing has an interval.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import special
+
+from explorer import gp
+from explorer.noise import NoiseModel, Scale, fit_noise, scale_for
+
+LEVEL = 0.95
+DRAWS = 2000
+MIN_SMOOTH = 6  # measured configurations needed to fit the smooth surface
+CHECK_P = 0.01
+TAU_RANGE = 2.0  # the prior on a configuration's deviation from the surface: uniform up to this many run sds
+Z = float(special.ndtri(0.975))
+
+
+@dataclass(frozen=True)
+class Check:
+    """Held-out seeds inside their 95% predictive intervals, smooth model and per-configuration model."""
+
+    held_out: int
+    inside: int
+    inside_flat: int
+
+    @property
+    def coverage(self) -> float:
+        return self.inside / self.held_out if self.held_out else float("nan")
+
+    @property
+    def passed(self) -> bool:
+        misses = self.held_out - self.inside
+        return misses == 0 or float(special.bdtrc(misses - 1, self.held_out, 1 - LEVEL)) >= CHECK_P or self.inside >= self.inside_flat
+
+
+@dataclass(frozen=True)
+class Regret:
+    """The pick among a set of configurations and its regret bound: with probability `level` the best
+    of the set is at most `eps` better (metric units) than `pick`."""
+
+    pick: str
+    eps: float  # NaN without a noise model
+    expected: float
+    p_best: float
+    keys: tuple[str, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class Posterior:
+    """Joint posterior draws of the configurations' true means (metric units), and what they came from."""
+
+    keys: tuple[str, ...]
+    params: np.ndarray
+    n: np.ndarray  # seeds measured (0: predicted)
+    raw: np.ndarray  # plain mean over the seeds (NaN: unmeasured)
+    higher_is_better: bool
+    model: str  # "smooth", "per-configuration" or "none"
+    note: str | None
+    noise: NoiseModel | None
+    scale: Scale
+    latent_mean: np.ndarray
+    latent_cov: np.ndarray | None
+    run_var: np.ndarray  # one run's latent variance per configuration (to map the latent back to the metric)
+    obs_var: np.ndarray  # the same, widened for its estimate's degrees of freedom (what a new seed adds)
+    check: Check | None = None
+    hyper: gp.Hyper | None = None
+    seed: int = 0
+    size: int = DRAWS
+    level_dof: float = float("inf")  # degrees of freedom of the noise level every configuration shares
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    def __deepcopy__(self, memo: dict) -> Posterior:
+        return self  # immutable: pandas copies a table's attrs on every operation
+
+    @property
+    def index(self) -> dict[str, int]:
+        if "index" not in self._cache:
+            self._cache["index"] = {k: i for i, k in enumerate(self.keys)}
+        return self._cache["index"]
+
+    @property
+    def latent_draws(self) -> np.ndarray:
+        """(draws, configurations) centred draws on the latent scale (common random numbers: one seed)."""
+        if "latent" not in self._cache:
+            rng = np.random.default_rng(self.seed)
+            if self.latent_cov is None:
+                self._cache["latent"] = np.zeros((self.size, len(self.keys)))
+            else:
+                cov = self.latent_cov + 1e-10 * np.eye(len(self.keys))
+                w, v = np.linalg.eigh(cov)
+                root = v * np.sqrt(np.clip(w, 0, None))
+                self._cache["latent"] = rng.standard_normal((self.size, len(self.keys))) @ root.T
+        return self._cache["latent"]
+
+    @property
+    def level_draws(self) -> np.ndarray:
+        """Per draw, sqrt(w) with w ~ nu / chi²(nu): the shared noise level is an estimate on nu degrees of
+        freedom, common to every configuration (a multivariate t): a study whose first seeds happened to
+        agree must not read every configuration as sure at once."""
+        if "level" not in self._cache:
+            rng = np.random.default_rng(self.seed + 3)
+            nu = self.level_dof
+            self._cache["level"] = (np.ones(self.size) if not np.isfinite(nu) or nu >= 1000
+                                    else np.sqrt(nu / rng.chisquare(nu, self.size)))
+        return self._cache["level"]
+
+    def metric_draws(self, cols: Sequence[int] | None = None, latent: np.ndarray | None = None) -> np.ndarray:
+        """Draws of the true means in metric units (columns `cols`; all by default)."""
+        cols = np.arange(len(self.keys)) if cols is None else np.asarray(cols, int)
+        d = (self.latent_draws if latent is None else latent)[:, cols]
+        return self.scale.metric(self.latent_mean[cols] + self.level_draws[:, None] * d, self.run_var[cols])
+
+    @property
+    def draws(self) -> np.ndarray:
+        if "draws" not in self._cache:
+            self._cache["draws"] = self.metric_draws()
+        return self._cache["draws"]
+
+    @property
+    def has_intervals(self) -> bool:
+        return self.latent_cov is not None
+
+    @property
+    def mean(self) -> np.ndarray:
+        """Posterior means (metric units); the plain means where there is no noise model."""
+        return self.draws.mean(axis=0) if self.has_intervals else self.raw.copy()
+
+    def interval(self, level: float = LEVEL) -> tuple[np.ndarray, np.ndarray]:
+        """Central `level` intervals of the true means (NaN without a noise model)."""
+        if not self.has_intervals:
+            return np.full(len(self.keys), np.nan), np.full(len(self.keys), np.nan)
+        lo, hi = np.quantile(self.draws, [(1 - level) / 2, (1 + level) / 2], axis=0)
+        return lo, hi
+
+    def sd(self) -> np.ndarray:
+        return self.draws.std(axis=0) if self.has_intervals else np.full(len(self.keys), np.nan)
+
+    def sign(self) -> float:
+        return 1.0 if self.higher_is_better else -1.0
+
+    def regret(self, keys: Sequence[str], level: float = LEVEL, latent: np.ndarray | None = None) -> Regret:
+        """The pick among `keys` (those this posterior knows) that minimises the `level` quantile of its
+        regret, max over the set minus its own true mean (ties: the smaller expected regret, then fewer
+        parameters); `latent` imagines other draws (explorer.decisions' seed policy)."""
+        keys = tuple(k for k in keys if k in self.index)
+        cols = [self.index[k] for k in keys]
+        if not self.has_intervals:
+            raw = self.sign() * self.raw[cols]
+            i = int(np.lexsort((self.params[cols], -raw))[0])
+            return Regret(keys[i], float("nan"), float("nan"), float("nan"), keys)
+        x = self.sign() * self.metric_draws(cols, latent)
+        r = x.max(axis=1, keepdims=True) - x
+        k = min(len(r) - 1, int(np.ceil(level * len(r))) - 1)  # the draw at the quantile, rounded up: no interpolation
+        eps = np.partition(r, k, axis=0)[k]
+        expected = r.mean(axis=0)
+        i = int(np.lexsort((self.params[cols], np.round(expected, 9), np.round(eps, 9)))[0])
+        return Regret(keys[i], float(eps[i]), float(expected[i]), float(np.mean(r[:, i] == 0)), keys)
+
+    def difference(self, a: str, b: str) -> np.ndarray:
+        """Draws of a's true mean minus b's, signed so that > 0 means a is better."""
+        i, j = self.index[a], self.index[b]
+        return self.sign() * (self.draws[:, i] - self.draws[:, j])
+
+    def imagine(self, extra: Mapping[str, int], latent: np.ndarray | None = None, cov: np.ndarray | None = None,
+                rng: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(latent draws, covariance) as they would be after `extra[key]` more seeds of each key, the mean
+        held where it is: Matheron's rule, d' = d - g (d_j + e), g = S_j / (S_jj + v_j / k)."""
+        d = self.latent_draws if latent is None else latent
+        s = self.latent_cov if cov is None else cov
+        rng = rng or np.random.default_rng(self.seed + 1)
+        for key, k in extra.items():
+            j = self.index[key]
+            noise = self.obs_var[j] / k
+            g = s[:, j] / (s[j, j] + noise)
+            e = np.sqrt(noise) * rng.standard_normal(len(d))
+            d = d - np.outer(d[:, j] + e, g)
+            s = s - np.outer(g, s[j])
+        return d, s
+
+
+def subset(p: Posterior, keys: Sequence[str]) -> Posterior:
+    """The same posterior restricted to `keys` (the same draws of them): what the seed policy imagines on."""
+    cols = np.array([p.index[k] for k in keys], int)
+    out = _replace(p, keys=tuple(keys), params=p.params[cols], n=p.n[cols], raw=p.raw[cols],
+                   latent_mean=p.latent_mean[cols], run_var=p.run_var[cols], obs_var=p.obs_var[cols],
+                   latent_cov=None if p.latent_cov is None else p.latent_cov[np.ix_(cols, cols)])
+    out._cache["latent"] = p.latent_draws[:, cols]
+    out._cache["level"] = p.level_draws
+    return out
+
+
+def _groups_latent(groups: Mapping[str, Mapping[int, float]], scale: Scale) -> dict[str, dict[int, float]]:
+    return {k: dict(zip(g, scale.latent(list(g.values())))) for k, g in groups.items()}
+
+
+def _noise_cov(keys: Sequence[str], latent: Mapping[str, Mapping[int, float]], var: np.ndarray, seed_var: float) -> np.ndarray:
+    """Covariance of the measured means: each run's variance over n, and the shared seeds' part between
+    configurations: seed_var x |S_c & S_d| / (n_c n_d)."""
+    seeds = sorted({s for k in keys for s in latent[k]})
+    w = np.array([[1.0 if s in latent[k] else 0.0 for s in seeds] for k in keys]).reshape(len(keys), len(seeds))
+    n = w.sum(axis=1)
+    shared = seed_var * (w @ w.T) / np.outer(n, n)
+    return shared + np.diag((np.maximum(var, seed_var * 1.01) - seed_var) / n)
+
+
+def _widen(dof: np.ndarray) -> np.ndarray:
+    """(t(dof, 0.975) / z(0.975))²: a variance estimated on `dof` degrees of freedom counts as a t would."""
+    return (special.stdtrit(np.clip(dof, 1.0, 1e6), 0.975) / Z) ** 2
+
+
+def fit(groups: Mapping[str, Mapping[int, float]], params: Mapping[str, int], higher_is_better: bool = True,
+        dims: Mapping[str, Mapping[str, float]] | None = None, seed: int = 0, size: int = DRAWS,
+        warm: gp.Hyper | None = None, check: bool = True) -> Posterior:
+    """The posterior of every configuration in `params` (measured: those of `groups` with a run; the
+    others predicted from the surface); `dims` are their dimensions (none: no surface)."""
+    measured = [k for k in params if len(groups.get(k, {}))]
+    values = [v for k in measured for v in groups[k].values()]
+    scale = scale_for(values, higher_is_better)
+    noise = fit_noise({k: groups[k] for k in measured}, higher_is_better, scale)
+    latent = _groups_latent({k: groups[k] for k in measured}, scale)
+    ybar = np.array([np.mean(list(latent[k].values())) for k in measured])
+    n = np.array([len(latent[k]) for k in measured], float)
+    own = np.array([np.var(list(latent[k].values()), ddof=1) if len(latent[k]) > 1 else np.nan for k in measured])
+    raw = np.array([np.mean(list(groups[k].values())) for k in measured])
+    common = dict(higher_is_better=higher_is_better, scale=scale, noise=noise, seed=seed, size=size,
+                  level_dof=float(noise.dof) if noise is not None else float("inf"))
+    if noise is None:
+        return Posterior(tuple(measured), np.array([params[k] for k in measured]), n, raw, model="none",
+                         note="one seed per configuration: no noise estimate yet (a second seed of some configurations gives one)",
+                         latent_mean=ybar, latent_cov=None, run_var=np.zeros(len(measured)), obs_var=np.zeros(len(measured)), **common)
+    run_var, dof = noise.moderated(ybar, n, own)
+    shared_dof = float(noise.dof)  # the noise level is common to all: its uncertainty is in `level_draws`
+    obs_var = run_var * np.maximum(_widen(dof) / _widen(np.array([shared_dof]))[0], 1.0)  # beyond it, a configuration's own
+    cov_noise = _noise_cov(measured, latent, obs_var, noise.seed_var)
+    flat = Posterior(tuple(measured), np.array([params[k] for k in measured]), n, raw, model="per-configuration",
+                     note=None, latent_mean=ybar, latent_cov=cov_noise, run_var=run_var, obs_var=obs_var, **common)
+    if dims is None or len(measured) < MIN_SMOOTH:
+        why = f"{len(measured)} measured configurations (a smooth surface needs {MIN_SMOOTH})" if dims is not None else None
+        return _replace(flat, note=f"per-configuration intervals: {why}" if why else None)
+    keys = measured + [k for k in params if k not in groups or not len(groups[k])]
+    x, _ = gp.features([dict(dims[k]) for k in keys])
+    seen = np.arange(len(measured))
+    hyper, constant = gp.fit(x[seen], ybar, cov_noise, warm)
+    tau_max = max(TAU_RANGE * float(np.sqrt(noise.prior_var(noise.centre))), 2 * hyper.tau)
+    mean, cov, taus, weights = gp.mixed(hyper, constant, x, seen, ybar, cov_noise, tau_max)
+    unmeasured = len(keys) - len(measured)
+    level = mean[len(measured):]
+    run_all = np.concatenate([run_var, noise.prior_var(level)])
+    obs_all = np.concatenate([obs_var, noise.prior_var(level) * _widen(np.full(unmeasured, noise.prior_dof))])
+    smooth = Posterior(tuple(keys), np.array([params[k] for k in keys]), np.concatenate([n, np.zeros(unmeasured)]),
+                       np.concatenate([raw, np.full(unmeasured, np.nan)]), model="smooth", note=None, latent_mean=mean,
+                       latent_cov=cov, run_var=run_all, obs_var=obs_all, hyper=hyper, **common)
+    if not check:
+        return smooth
+    tau = float(np.sqrt(np.sum(weights * taus**2)))  # the check holds the deviation at its posterior root mean square
+    result = held_out(gp.Hyper(hyper.sf, hyper.ell, tau), constant, x[seen], latent, measured, run_var, obs_var, noise.seed_var)
+    smooth = _replace(smooth, check=result)
+    if result.passed:
+        return smooth
+    return _replace(flat, check=result, note=(
+        f"the smooth model fits badly (held-out seeds inside their 95% intervals: {result.inside} of {result.held_out}, "
+        f"per configuration {result.inside_flat}): per-configuration intervals"))
+
+
+def _replace(p: Posterior, **changes: object) -> Posterior:
+    fields = {f: getattr(p, f) for f in p.__dataclass_fields__ if f != "_cache"}
+    return Posterior(**{**fields, **changes})
+
+
+def held_out(hyper: gp.Hyper, constant: float, x: np.ndarray, latent: Mapping[str, Mapping[int, float]],
+             keys: Sequence[str], run_var: np.ndarray, obs_var: np.ndarray, seed_var: float) -> Check:
+    """Hold out each replicated configuration's k-th seed (fold k), predict it from the rest under the
+    smooth model and under the per-configuration one, and count those inside their 95% intervals."""
+    runs = [list(latent[k].items()) for k in keys]
+    inside = inside_flat = total = 0
+    for fold in range(max(len(r) for r in runs)):
+        held = [i for i, r in enumerate(runs) if len(r) >= 2 and fold < len(r)]
+        if not held:
+            continue
+        kept = {k: dict(r[:fold] + r[fold + 1:]) if i in held else dict(r) for i, (k, r) in enumerate(zip(keys, runs))}
+        ybar = np.array([np.mean(list(kept[k].values())) for k in keys])
+        noise = _noise_cov(keys, kept, obs_var, seed_var)
+        mean, cov = gp.posterior(hyper, constant, x, np.arange(len(keys)), ybar, noise)
+        y = np.array([runs[i][fold][1] for i in held])
+        for m, v, counter in ((mean[held], np.diag(cov)[held], "smooth"), (ybar[held], np.diag(noise)[held], "flat")):
+            z = np.abs(y - m) / np.sqrt(v + run_var[held])
+            if counter == "smooth":
+                inside += int(np.sum(z <= Z))
+            else:
+                inside_flat += int(np.sum(z <= Z))
+        total += len(held)
+    return Check(total, inside, inside_flat)
+
+
+def front_share(draws: np.ndarray, cost: np.ndarray, metric_up: bool, cost_up: bool = False) -> np.ndarray:
+    """Each configuration's share of draws in which it is on the Pareto front of (drawn metric, fixed
+    cost): the best of its cost and better than everything cheaper."""
+    x = draws if metric_up else -draws
+    c = -np.asarray(cost, float) if cost_up else np.asarray(cost, float)
+    levels, group = np.unique(c, return_inverse=True)
+    best = np.full((len(x), len(levels)), -np.inf)
+    for g in range(len(levels)):
+        best[:, g] = x[:, group == g].max(axis=1)
+    before = np.concatenate([np.full((len(x), 1), -np.inf), np.maximum.accumulate(best, axis=1)[:, :-1]], axis=1)
+    on = (x >= best[:, group]) & (x > before[:, group])
+    return on.mean(axis=0)
