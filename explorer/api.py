@@ -141,22 +141,8 @@ class Experiment:
             duplicates=len(current_rows(trials_frame(ostudy, duplicates=True), ostudy)) - len(frame),
             seeds=study.seeds, replicates=study.spec.replicates.model_dump(), replicate_runs=runs, replicate_at_max=at_max,
             summary=_with_free_dims(self.study, summary), trials=frame, set_aside=study.reads.set_aside(ostudy), free_dims=list(study.space.free_dims), metric=self.metric,
-            answers=self._answers(summary), higher_is_better=study.task.higher_is_better,
+            answers=_answers(self.study, summary), higher_is_better=study.task.higher_is_better,
         )
-
-    def _answers(self, summary: pd.DataFrame) -> list[tuple[list[int], Answer]]:
-        """The answer at each of the study's budgets (`decision.budgets`), budgets holding the same
-        configurations once: (those budgets, their answer), from the summary's posterior."""
-        if not len(summary):
-            return []
-        study, post = self.study, summary.attrs["posterior"]
-        base = study.space.baseline
-        best = float(np.nanmax(post.sign() * summary["mean"])) * post.sign()
-        delta = study.spec.decision.margin(study.task.higher_is_better, best)
-        cap = min(len(study.seeds), study.spec.decision.max_seeds or len(study.seeds))
-        room = {k: max(0, cap - int(n)) for k, n in zip(post.keys, post.n)}
-        return [(at, answer(post, at[-1], base.key if base else None, delta, study.spec.decision.level, room))
-                for at in distinct(post, study.budgets()).values()]
 
     def export(self, target: str | Path, format: str = "csv") -> tuple[Path, Path, int, int]:
         """Write the trials table to `target` and the per-configuration table beside it
@@ -200,9 +186,8 @@ class Experiment:
         return table[table["on_front"]].sort_values("params", ignore_index=True) if len(table) else table
 
     def stats(self) -> pd.DataFrame:
-        """Per configuration, from its seeds (explorer.stats.summarize): n, seeds, values, mean, std, se,
-        the 95% t interval lo-hi (NaN without replicates), front_prob, on_front, tied_with; and the
-        mean over its seeds of FLOPs and κ. Best mean first."""
+        """Per configuration (explorer.stats.summarize): n, seeds, values, raw, the posterior mean, se, its 95%
+        interval lo-hi, front_prob, on_front, tied_with; mean FLOPs and κ over its seeds. Best mean first."""
         table = _with_free_dims(self.study, self.study.reads.summary(self.optuna_study()))
         done = self.measured()
         for col in ("flops", "kappa_init_mean", "kappa_final_mean"):
@@ -217,11 +202,9 @@ class Experiment:
         return text if isinstance(text, int) else parse_budget(text, base.params if base else None)
 
     def recommend(self, budget: str | int, list_ties: bool = False) -> Recommendation:
-        """The best configuration within `budget` (a count, "60M", or "10%-below-baseline"), measured
-        or marked predicted, with the decision the data supports (the study's `decision:` margin);
-        past the largest measured configuration also the shape law's answer (explorer.extrapolate), or
-        its one-line refusal past the validated reach. `.lines()` says it in words; `list_ties` lists
-        the configurations not distinguished from the pick, not only their count."""
+        """The answer within `budget` (a count, "60M", "10%-below-baseline"): the configuration to use, its
+        regret bound, decided or not (the study's `decision:`), its verdict against the baseline; past the
+        measured range the shape law's answer or refusal. `.lines()` says it; `list_ties` lists the ties."""
         study = self.study
         base = study.space.baseline
         limit = self.budget(budget)
@@ -230,16 +213,9 @@ class Experiment:
         if not len(trials) or not trials["state"].eq("COMPLETE").any():
             raise ExplorerError(f"no completed trial to recommend from ({len(trials)} stored; `explorer status` says why)",
                                 source=str(study.source))
-        rec = recommend(trials, limit, base.key if base else None, self.metric, candidates,
-                        study.task.higher_is_better, decision=study.spec.decision, list_ties=list_ties,
-                        first_seed=study.seeds[0])
-        from explorer.extrapolate import past_the_data
-        from explorer.pruning import pruned_within
-
-        past = [(c.key, c.dims, c.params) for c in study.space.widened(limit)] if rec.space_max is not None else []
-        lines, outside = past_the_data(trials, limit, candidates + past, self.metric, study.task.higher_is_better,
-                                       {k for k, _, _ in past})
-        return replace(rec, pruned=tuple(pruned_within(trials, limit)), beyond=tuple(lines), outside=outside)
+        return _past_the_space(study, trials, limit, candidates, recommend(
+            trials, limit, base.key if base else None, self.metric, candidates, study.task.higher_is_better,
+            decision=study.spec.decision, list_ties=list_ties, first_seed=study.seeds[0]))
 
     def verify_longer(self, rec: Recommendation, epochs: int, seeds: int = 3, on_trial: TrialCallback | None = None,
                       verbose: bool = False) -> list[str]:
@@ -256,31 +232,43 @@ class Experiment:
         ostudy = self.study.open(create=False)
         return self.study.queue.verification(ostudy, list(rec.verify))
 
-    def verify_outside(self, rec: Recommendation, on_trial: TrialCallback | None = None, verbose: bool = False) -> list[str]:
-        """Train the shape law's pick past the space's declared ranges (`rec.outside`) at the study's budget and
-        seeds, as a study of its own (NAME-beyond, same storage, the space's ranges continued: explorer.space
-        SearchSpace.wider), and say what it measured against the prediction."""
-        from explorer.executors import get_executor
-
-        study = self.study
-        spec = study.spec.model_copy(deep=True)
-        spec.name, spec.n_trials, spec.storage = f"{spec.name}-beyond", 1, study.store.url
-        spec.replicates = spec.replicates.model_copy(update={"policy": "fixed"})
-        spec.sampler = spec.sampler.model_copy(update={"name": "random"})
-        spec.pruner = spec.pruner.model_copy(update={"name": "none"})
-        beyond = Study(spec, study.source, study.space.wider(rec.budget))
-        with quiet(verbose):
-            ostudy = beyond.open(create=True, force=True)
-            beyond.queue.verification(ostudy, [str(rec.outside)])
-            get_executor(spec.executor.name).run(beyond, ostudy, on_trial)
-            row = beyond.reads.summary(beyond.read(), draws=0).set_index("arch").loc[str(rec.outside)]
-        seeds = f"{int(row['n'])} seed{'s' if row['n'] != 1 else ''}"
-        return [f"{rec.outside} measured in {spec.name} ({seeds}): {self.metric} {row['raw']:.4g}"
-                + (f" (95% interval {row['lo']:.4g} to {row['hi']:.4g})" if np.isfinite(row["lo"]) else "")]
+    def verify_outside(self, rec: Recommendation, on_trial: TrialCallback | None = None) -> list[str]:
+        """Train `rec.outside`, the shape law's pick past the space, in a study of its own (explorer.beyond)."""
+        from explorer.beyond import verify_outside
+        with quiet():
+            return verify_outside(self.study, rec, on_trial)
 
     def dashboard(self, out: str | Path | None = None) -> Path:
         """Write the self-contained HTML dashboard; returns its path."""
         return dashboard([self.study.source], out)
+
+
+def _past_the_space(study: Study, trials: pd.DataFrame, limit: int, candidates: list, rec: Recommendation) -> Recommendation:
+    """`rec` with the pruned configurations within the budget and, past the measured range, the shape law's
+    answer among the space's configurations and the splits past its declared ranges (explorer.extrapolate)."""
+    from explorer.extrapolate import past_the_data
+    from explorer.pruning import pruned_within
+    from explorer.space import widened
+
+    past = [(c.key, c.dims, c.params) for c in widened(study.space, limit)] if rec.space_max is not None else []
+    lines, outside = past_the_data(trials, limit, candidates + past, rec.metric, study.task.higher_is_better,
+                                   {k for k, _, _ in past})
+    return replace(rec, pruned=tuple(pruned_within(trials, limit)), beyond=tuple(lines), outside=outside)
+
+
+def _answers(study: Study, summary: pd.DataFrame) -> list[tuple[list[int], Answer]]:
+    """The answer at each of the study's budgets (`decision.budgets`), budgets holding the same
+    configurations once: (those budgets, their answer), from the summary's posterior."""
+    if not len(summary):
+        return []
+    post = summary.attrs["posterior"]
+    base = study.space.baseline
+    best = float(np.nanmax(post.sign() * summary["mean"])) * post.sign()
+    delta = study.spec.decision.margin(study.task.higher_is_better, best)
+    cap = min(len(study.seeds), study.spec.decision.max_seeds or len(study.seeds))
+    room = {k: max(0, cap - int(n)) for k, n in zip(post.keys, post.n)}
+    return [(at, answer(post, at[-1], base.key if base else None, delta, study.spec.decision.level, room))
+            for at in distinct(post, study.budgets()).values()]
 
 
 def _with_free_dims(study: Study, table: pd.DataFrame) -> pd.DataFrame:

@@ -254,57 +254,24 @@ def _status(exp, failures: bool = True, list_ties: bool = False) -> None:
 
 
 def _print_answers(st) -> None:
-    """The study's answer at each of its budgets first: the pick, its bound, decided or not, the verdict
-    against the baseline, and for an undecided budget where more seeds would go."""
-    if not st.answers:
-        return
-    import pandas as pd
+    """The study's answer at each of its budgets first (explorer.reports)."""
+    from explorer.reports import answers
 
-    from explorer.units import format_count
-
-    post = st.summary.attrs["posterior"]
-    lo, hi = post.interval()
-    unit, what = (100.0, "points") if st.higher_is_better else (1.0, st.metric)
-    rows = []
-    for at, a in st.answers:
-        i = post.index[a.pick]
-        shown = f"{post.mean[i]:.4g}" + (f" [{lo[i]:.4g}, {hi[i]:.4g}]" if post.has_intervals else "")
-        verdict = a.verdict.kind if a.verdict is not None else ""
-        more = ", ".join(f"{k} ({n})" for k, n in a.advice.items()) if not a.decided else ""
-        rows.append({"budget": "-".join(dict.fromkeys(format_count(b) for b in (at[0], at[-1]))), "use": a.pick,
-                     "params": format_count(int(post.params[i])), st.metric: shown,
-                     f"ε ({what})": f"{unit * a.eps:.2g}" if a.eps == a.eps else "-",
-                     "decided": "yes" if a.decided else "no", "vs baseline": verdict,
-                     "more seeds would go to": more})
-    delta = st.answers[0][1].delta
-    title = (f"answers at the study's budgets: use X, within ε {what} of the best configuration within the budget "
-             f"(95%); decided when ε <= {unit * delta:.2g} {what}")
-    _print_frame(pd.DataFrame(rows), Format.table, title=title)
-    if post.note:
-        out.print(post.note, markup=False)
+    said = answers(st)
+    if said is not None:
+        _print_frame(said.frame, Format.table, title=said.title)
+        for line in said.notes:
+            out.print(line, markup=False)
 
 
 def _print_front(st, list_ties: bool = False) -> None:
-    """The front of per-configuration means with n, the 95% interval and front probability; then how many
-    configurations are tied with a front member (not separable from it), listed on request."""
-    summary, frame, metric = st.summary, st.trials, st.metric
-    front = summary[summary["on_front"]].copy()
-    front["±"] = (front["hi"] - front["lo"]) / 2
-    kappa = frame.groupby("arch")["kappa_init_mean"].mean() if "kappa_init_mean" in frame else None
-    if kappa is not None:
-        front["kappa_init_mean"] = front["arch"].map(kappa)
-    cols = [c for c in (*st.free_dims, "params", "n", metric, "±", "front_prob", "kappa_init_mean") if c in front]
-    intervals = summary["n"].gt(1).any()
-    title = ("Pareto front of posterior means (± half the 95% interval, front_prob: share of posterior draws on the front)"
-             if intervals else "Pareto front (one seed per configuration: no intervals)")
-    _print_frame(front[cols if intervals else [c for c in cols if c not in ("±", "front_prob")]], Format.table, title=title)
-    tied = summary[summary["tied_with"].notna()]
-    if len(tied) and list_ties:
-        out.print("tied with a front member (no evidence either is better): "
-                  + "; ".join(f"{r.arch} with {r.tied_with}" for r in tied.itertuples()), markup=False)
-    elif len(tied):
-        out.print(f"{len(tied)} configurations off the front are tied with a front member (no evidence either is "
-                  "better); `explorer status --list-ties` lists them", markup=False)
+    """The front of posterior means, then the configurations tied with a front member (explorer.reports)."""
+    from explorer.reports import front
+
+    said = front(st, list_ties)
+    _print_frame(said.frame, Format.table, title=said.title)
+    for line in said.notes:
+        out.print(line, markup=False)
 
 
 @app.command()

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
+import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from explorer.errors import ExplorerError
@@ -282,3 +283,21 @@ def next_seeds(posterior: Posterior, budgets: Sequence[int], delta: float, level
     measured = {k: room.get(k, 0) for k in posterior.keys if posterior.n[posterior.index[k]] > 0}
     chosen, _ = _greedy(posterior, undecided, delta, level, measured, batch or max(2, len(undecided)), repeat=False)
     return list(chosen)
+
+
+def table(answers: Sequence[tuple[list[int], Answer]], posterior: Posterior, metric: str, higher_is_better: bool) -> pd.DataFrame:
+    """The answers at a study's budgets as rows to show (status, the dashboard): budgets, the configuration
+    to use, its params, mean and 95% interval, eps, decided, the verdict, where more seeds would go."""
+    lo, hi = posterior.interval()
+    unit, what = (100.0, "points") if higher_is_better else (1.0, metric)
+    rows = []
+    for at, a in answers:
+        i = posterior.index[a.pick]
+        rows.append({"budget": " to ".join(dict.fromkeys(format_count(b) for b in (at[0], at[-1]))), "use": a.pick,
+                     "params": int(posterior.params[i]), metric: f"{posterior.mean[i]:.4g}",
+                     "95% interval": f"{lo[i]:.4g} to {hi[i]:.4g}" if posterior.has_intervals else "",
+                     f"ε ({what})": f"{unit * a.eps:.2g}" if np.isfinite(a.eps) else "",
+                     "decided": "yes" if a.decided else "no",
+                     "vs baseline": a.verdict.kind if a.verdict is not None else "",
+                     "more seeds would go to": "" if a.decided else ", ".join(f"{k} ({n})" for k, n in a.advice.items())})
+    return pd.DataFrame(rows)

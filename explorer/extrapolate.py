@@ -359,7 +359,7 @@ def past_the_data(trials: pd.DataFrame, budget: int, candidates: Sequence[Candid
                   higher_is_better: bool, outside: set[str] | frozenset[str] = frozenset()) -> tuple[list[str], str | None]:
     """recommend's lines past the measured range: the shape law's answer where `budget` passes the largest
     measured configuration of `trials` (a trials frame) and unmeasured candidates fit in it (among them
-    `outside`: splits past the space's declared ranges, explorer.space.SearchSpace.widened); the
+    `outside`: splits past the space's declared ranges, explorer.space.widened); the
     one-line refusal past the law's reach; else none. Also the predicted best when it is one of `outside`."""
     done = trials[trials["state"] == "COMPLETE"]
     if "duplicate_of" in done:

@@ -114,7 +114,8 @@ class Recommendation:
     def _value(self) -> str:
         metric = f"{self.metric} {self.value:.4g}"
         if not math.isfinite(self.lo):
-            return f"{metric} (one seed per configuration: no interval; a second seed of some configurations gives one)"
+            return (f"{metric} (measured at {self.n} seed{'s' if self.n != 1 else ''}; one seed per configuration: no "
+                    "interval yet, a second seed of some configurations gives one)")
         interval = f"{LEVEL:.0%} interval {self.lo:.4g} to {self.hi:.4g}"
         if self.kind == "predicted":
             return f"{metric} ({interval}; predicted by the surface, not measured)"

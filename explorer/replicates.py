@@ -42,11 +42,11 @@ class ReplicateSpec(BaseModel):
 
 
 def wanted(summary: pd.DataFrame, max_seeds: int, spec: ReplicateSpec, budgets: Sequence[int] = (),
-           baseline: str | None = None, higher_is_better: bool = True, decision: DecisionSpec | None = None) -> list[str]:
+           decision: DecisionSpec | None = None) -> list[str]:
     """Configurations of a `stats.summarize` table that should get one more seed now.
 
     `decide` reads the table's posterior, `budgets` (parameter counts; none: `decision`'s default over
-    the space), the `baseline` and `decision` (margin, level, seed cap).
+    the space) and `decision` (margin, level, seed cap).
     """
     if not len(summary):
         return []
@@ -87,21 +87,20 @@ def _beaten(summary: pd.DataFrame, post: Posterior, confidence: float) -> pd.Ser
 
 def replay(tables: dict[str, dict[int, float]], params: dict[str, int], seeds: Sequence[int], spec: ReplicateSpec,
            objectives: Sequence[tuple[str, str]] = (("accuracy", "maximize"), ("params", "minimize")),
-           draws: int = FRONT_DRAWS, budgets: Sequence[int] = (), baseline: str | None = None,
-           decision: DecisionSpec | None = None, dims: dict[str, dict[str, int]] | None = None) -> dict[str, list[int]]:
+           draws: int = FRONT_DRAWS, budgets: Sequence[int] = (), decision: DecisionSpec | None = None,
+           dims: dict[str, dict[str, int]] | None = None) -> dict[str, list[int]]:
     """Run the policy on known results: `tables[key][seed]` is the metric a run would give (`dims`: each
     configuration's dimensions, for the surface). Returns the seeds each configuration ended with. What
     `bench/stability.py` and the tests use to measure the policy without training; studies run the
     same `wanted` on their stored trials."""
     metric = objectives[0][0]
-    higher = dict(objectives)[metric] == "maximize"
     budgets = budgets or (decision or DecisionSpec()).budget_list(list(params.values()))
     got = {key: [seeds[0]] for key in tables}
     while True:
         frame = pd.DataFrame([{"state": "COMPLETE", "arch": k, "seed": s, "params": params[k], metric: tables[k][s],
                                **(dims or {}).get(k, {})} for k, ss in got.items() for s in ss])
         summary = summarize(frame, metric, objectives, draws=draws)
-        more = wanted(summary, len(seeds), spec, budgets, baseline, higher, decision)
+        more = wanted(summary, len(seeds), spec, budgets, decision)
         if not more:
             return got
         for key in more:

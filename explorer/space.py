@@ -315,26 +315,6 @@ class SearchSpace:
         why = "; ".join(self.explain(dims)) or "it is not in the free ranges"
         raise self._error(f"baseline is infeasible: {why}", "baseline")
 
-    def widened(self, budget: int, steps: int = 64) -> list[Config]:
-        """Feasible configurations past the declared ranges with at most `budget` parameters, not in the
-        space (those of `wider(budget)`): where the shape law may predict beyond the space (explorer.extrapolate)."""
-        known = {c.key for c in self.configs()}
-        return [c for c in self.wider(budget, steps)._enumerated[0] if c.params <= budget and c.key not in known]
-
-    def wider(self, budget: int, steps: int = 64) -> SearchSpace:
-        """This space with each `{min, max, step}` range continued upwards while its smallest configuration
-        fits `budget` (at most `steps` more values); the fixed dimensions, value lists and constraints kept."""
-        free = dict(self.spec.free)
-        base = {**self.family.defaults(), **self.spec.fixed,
-                **{k: 1 if v == "divisors" else v.min if isinstance(v, Range) else min(v) for k, v in free.items()}}
-        for key, values in free.items():
-            if isinstance(values, Range):
-                top = values.max
-                while top < values.max + steps * values.step and self.family.params({**base, key: top + values.step}) <= budget:
-                    top += values.step
-                free[key] = Range(min=values.min, max=top, step=values.step)
-        return SearchSpace(self.spec.model_copy(update={"free": free}), self.source)
-
     def to_dict(self) -> dict[str, Any]:
         return self.spec.model_dump(mode="json")
 
@@ -355,6 +335,28 @@ def _divisors(n: int) -> list[int]:
     """The positive divisors of `n` in increasing order, in O(sqrt n) steps (none when n < 1)."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0] if n >= 1 else []
     return sorted({*small, *(n // d for d in small)})
+
+
+def widened(space: SearchSpace, budget: int, steps: int = 64) -> list[Config]:
+    """Feasible configurations past `space`'s declared ranges with at most `budget` parameters, not in the
+    space (those of `wider`): where the shape law may predict beyond the space (explorer.extrapolate)."""
+    known = {c.key for c in space.configs()}
+    return [c for c in wider(space, budget, steps)._enumerated[0] if c.params <= budget and c.key not in known]
+
+
+def wider(space: SearchSpace, budget: int, steps: int = 64) -> SearchSpace:
+    """`space` with each `{min, max, step}` range continued upwards while its smallest configuration fits
+    `budget` (at most `steps` more values); the fixed dimensions, value lists and constraints kept."""
+    free = dict(space.spec.free)
+    base = {**space.family.defaults(), **space.spec.fixed,
+            **{k: 1 if v == "divisors" else v.min if isinstance(v, Range) else min(v) for k, v in free.items()}}
+    for key, values in free.items():
+        if isinstance(values, Range):
+            top = values.max
+            while top < values.max + steps * values.step and space.family.params({**base, key: top + values.step}) <= budget:
+                top += values.step
+            free[key] = Range(min=values.min, max=top, step=values.step)
+    return SearchSpace(space.spec.model_copy(update={"free": free}), space.source)
 
 
 def load_space(path: str | Path) -> SearchSpace:

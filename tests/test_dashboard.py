@@ -161,7 +161,9 @@ def test_heatmap_and_tables_show_means_with_their_spread(replicated) -> None:
         assert heat["text"][r][c] == f"{row.mean:.3f} ± {(row.hi - row.lo) / 2:.3f}"
         assert f"n {row.n} seeds" in heat["hovertext"][r][c]
     table = re.search(r'<table id="config-table".*?</table>', page, re.S).group(0)
-    assert table.count("<tr>") == 1 + len(summary) and "squeezeVar" in page  # the note says how variances are moderated
+    assert table.count("<tr>") == 1 + len(summary) and "smooth surface" in page  # the note says what the means are
+    answers = re.search(r'<table id="answer-table".*?</table>', page, re.S).group(0)  # budget -> pick and its bound
+    assert answers.count("<tr>") >= 2 and "decided" in answers and page.index("answer-table") < page.index("fig-heatmap")
     assert re.search(r'<table id="trial-table".*?</table>', page, re.S).group(0).count("<tr>") == 1 + len(frame)
 
 

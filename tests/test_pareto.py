@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import optuna
 import pytest
 
@@ -15,6 +16,7 @@ from explorer.frame import columns, trials_frame
 from explorer.pareto import front_over_time, hypervolume, knee, pareto_mask, reference_point
 from explorer.decisions import parse_budget
 from explorer.recommend import recommend
+from explorer import stats
 
 WIDTH, MLP = 64, 128
 LAYERS, HEADS = (1, 2, 3, 4, 5, 6), (1, 2, 4, 8)
@@ -233,33 +235,48 @@ def test_recommend_measured_within_budget_and_on_the_front(studies) -> None:
     budget = params_of(4) + 10
     rec = recommend(df, budget, key_of(6, 2))
     assert rec.kind == "measured" and rec.params <= budget
-    assert (rec.layers, rec.heads) == (4, 8) and rec.uncertainty is None
+    assert (rec.layers, rec.heads) == (4, 8)
     done = df[df["state"] == "COMPLETE"]
     on_front = done[pareto_mask(done[["accuracy", "params"]].to_numpy(float), ["maximize", "minimize"])]
     assert rec.trial in set(on_front["number"])
     baseline = done[done["arch"] == key_of(6, 2)]["accuracy"].item()
-    assert rec.margin == pytest.approx(rec.value - baseline) and rec.margin > 0
+    assert rec.answer.verdict.diff == pytest.approx(rec.value - baseline) and rec.answer.verdict.diff > 0
     assert set(rec.verify) == {key_of(d, h) for d in (3, 4) for h in (4, 8)}
     # one seed per configuration: a better value, but no interval, so no claim
     lines = "\n".join(rec.lines())
-    assert "no interval" in lines and "beats" not in lines
+    assert "no interval" in lines and "beats" not in lines and "undecided" in lines
 
 
-def test_recommend_predicts_an_unevaluated_config_between_evaluated_ones(studies) -> None:
-    df = trials_frame(studies(skip_layers=(5,)))
+def replicated(skip_layers: tuple[int, ...] = (), noise: float = 0.005, seeds: int = 3) -> pd.DataFrame:
+    """A trials frame of the synthetic surface at `seeds` seeds each."""
+    rng = np.random.default_rng(0)
+    rows = [{"number": 0, "state": "COMPLETE", "arch": key_of(d, h), "seed": s,
+             "layers": d, "heads": h, "width": WIDTH, "mlp": MLP, "params": params_of(d), "config": dims_of(d, h),
+             "accuracy": accuracy_of(d, h) + rng.normal(0, noise)}
+            for d in LAYERS for h in HEADS if d not in skip_layers for s in range(seeds)]
+    return pd.DataFrame(rows).assign(number=lambda f: range(len(f)))
+
+
+def test_recommend_predicts_unmeasured_configurations_within_the_budget() -> None:
+    """Layers 5 was never run: the surface predicts its configurations (with their uncertainty), they count
+    among the configurations within the budget, and a predicted pick says so."""
+    df = replicated(skip_layers=(5,))
     candidates = [(key_of(d, h), dims_of(d, h), params_of(d)) for d in LAYERS for h in HEADS]
     rec = recommend(df, params_of(5), key_of(6, 2), candidates=candidates)
-    assert rec.kind == "predicted" and (rec.layers, rec.heads) == (5, 8)
-    assert rec.value == pytest.approx(accuracy_of(5, 8), abs=0.01)
-    assert 0 < rec.uncertainty < rec.value - rec.measured_value
-    assert rec.measured_key == key_of(4, 8) and "log(layers)*log(heads)" in rec.model
-    assert set(rec.verify) == {key_of(d, h) for d in (4, 5) for h in (4, 8)}
-    # outside the studied range nothing is predicted; without candidates the answer is measured
-    assert recommend(df, params_of(5), None).kind == "measured"
+    assert key_of(5, 8) in rec.answer.regret.keys
+    post = stats.summarize(df, "accuracy", [("accuracy", "maximize"), ("params", "minimize")], draws=0,
+                           candidates=candidates).attrs["posterior"]
+    lo, hi = post.interval()
+    i = post.index[key_of(5, 8)]
+    assert post.n[i] == 0 and lo[i] <= accuracy_of(5, 8) <= hi[i]
+    if rec.kind == "predicted":
+        assert "predicted by the surface" in "\n".join(rec.lines())
+    without = recommend(df, params_of(5), None)  # without the space's candidates only the measured count
+    assert without.kind == "measured" and key_of(5, 8) not in without.answer.regret.keys
 
 
-def test_recommend_keeps_measured_when_the_prediction_is_too_uncertain(studies) -> None:
-    df = trials_frame(studies(skip_layers=(5,), noise=0.05))
+def test_recommend_keeps_measured_when_the_prediction_is_too_uncertain() -> None:
+    df = replicated(skip_layers=(5,), noise=0.05)
     candidates = [(key_of(5, h), dims_of(5, h), params_of(5)) for h in HEADS]
     rec = recommend(df, params_of(5), None, candidates=candidates)
     assert rec.kind == "measured" and rec.layers <= 4

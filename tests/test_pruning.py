@@ -56,6 +56,17 @@ def test_one_unlucky_seed_of_a_cheaper_configuration_does_not_prune() -> None:
     assert dominated(noise=0.02).should_prune(2, 0.40, 200, seeds, "b") and not dominated(noise=0.02).should_prune(2, 0.49, 200, seeds, "b")
 
 
+def test_the_noise_allowance_defaults_to_the_study_s_own_noise_model() -> None:
+    """Issue 26: the allowance defaulted to 0, so single runs were trusted and the dominated pruner hit
+    true-front configurations (117 of 5,166 prunes in bench/search.py's replays). It now reads the same
+    noise model as the posterior, fitted on the complete peers' seeds; 0 before any replicate."""
+    seeds = [Peer(100, [0.2, 0.5, v], "a") for v in (0.95, 0.93, 0.97)] + [Peer(100, [0.2, 0.5, v], "c") for v in (0.90, 0.86, 0.92)]
+    assert dominated(noise=0.0).should_prune(2, 0.47, 200, seeds, "b")  # 0.47 + the 0.47 gain seen = 0.94 < a's 0.95
+    assert not dominated().should_prune(2, 0.47, 200, seeds, "b")  # the allowance from the seeds' own scatter
+    assert dominated().should_prune(2, 0.30, 200, seeds, "b")  # far below, pruned all the same
+    assert dominated().should_prune(2, 0.49, 200, [Peer(100, [0.2, 0.5, 0.95], "a")], "b")  # no replicate: no estimate
+
+
 def test_pruned_configurations_are_listed_and_come_back_when_their_bar_falls() -> None:
     def frame(a_finals: list[float]) -> pd.DataFrame:
         rows = [{"state": "COMPLETE", "arch": "a", "params": 100, "curve": [0.2, 0.5, v]} for v in a_finals]

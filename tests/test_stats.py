@@ -137,16 +137,16 @@ def test_a_budget_past_the_space_is_answered_by_the_shape_law_among_wider_splits
     repeated the 250k answer; past 2x it printed no refusal. Now the shape law predicts among splits past
     the declared ranges (more layers, the space's constraints kept), and refuses past its reach."""
     from explorer.extrapolate import past_the_data
-    from explorer.space import load_space
+    from explorer.space import load_space, widened
 
     space = load_space(Path(__file__).resolve().parents[1] / "spaces" / "vit-digits.yaml")
     trials = table("digits-vit", [0, 1, 2])
     inside = [(c.key, c.dims, c.params) for c in space.configs()]
-    wider = [(c.key, c.dims, c.params) for c in space.widened(300_000)]
+    wider = [(c.key, c.dims, c.params) for c in widened(space, 300_000)]
     assert wider and all(c[1]["layers"] > 6 and c[2] <= 300_000 for c in wider)
     lines, outside = past_the_data(trials, 300_000, inside + wider, "accuracy", True, {k for k, _, _ in wider})
     assert lines and "predicted best" in lines[0] and "1.5x the largest measured" in lines[0]
-    far, _ = past_the_data(trials, 700_000, inside + [(c.key, c.dims, c.params) for c in space.widened(700_000)],
+    far, _ = past_the_data(trials, 700_000, inside + [(c.key, c.dims, c.params) for c in widened(space, 700_000)],
                            "accuracy", True)
     assert len(far) == 1 and "validated to 2x" in far[0]
     rec = recommend(trials, 300_000, "layers=6,heads=2", candidates=inside)

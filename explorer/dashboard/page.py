@@ -22,6 +22,7 @@ from plotly.offline import get_plotlyjs
 from explorer.dashboard.plots import FIGURES, figures
 from explorer.dashboard.reading import answers, is_replicated, metric_of, summaries
 from explorer.dashboard.text import NO_INTERVALS, esc, interval_text, num
+from explorer.decisions import table
 from explorer.frame import trials_frame
 from explorer.identity import current_rows
 from explorer.stats import LEVEL
@@ -95,28 +96,19 @@ def _sortable(table_id: str, columns: list[str], body: list[str]) -> str:
     return f'<table id="{table_id}" class="sortable"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
-def _answers_table(frames: dict[str, pd.DataFrame], meta: dict[str, dict], stats: dict[str, pd.DataFrame]) -> str:
+def _answers_table(meta: dict[str, dict], stats: dict[str, pd.DataFrame]) -> str:
     """Budget -> the configuration to use and its bound eps, decided or not, its verdict against the
     baseline: the answer each study gives at its budgets (explorer.decisions), beside the front."""
-    columns = ["study", "budget", "use", "params", "mean", "95% interval", "ε", "decided", "vs baseline", "more seeds would go to"]
-    body = []
+    body, columns = [], ["study"]
     for name, summary in stats.items():
         said = answers(summary, meta[name])
         if not said:
             continue
-        post = summary.attrs["posterior"]
-        lo, hi = post.interval()
-        _, higher = metric_of(meta[name])
-        unit = 100.0 if higher else 1.0
-        for at, a in said:
-            i = post.index[a.pick]
-            values = {"study": name, "budget": " to ".join(dict.fromkeys(format_count(b) for b in (at[0], at[-1]))),
-                      "use": a.pick, "params": int(post.params[i]), "mean": post.mean[i],
-                      "95% interval": f"{num(lo[i])} to {num(hi[i])}" if post.has_intervals else "",
-                      "ε": unit * a.eps, "decided": "yes" if a.decided else "no",
-                      "vs baseline": a.verdict.kind if a.verdict is not None else "",
-                      "more seeds would go to": ", ".join(f"{k} ({n})" for k, n in a.advice.items()) if not a.decided else ""}
-            body.append("<tr>" + "".join(_td(c, values[c]) for c in columns) + "</tr>")
+        metric, higher = metric_of(meta[name])
+        rows = table(said, summary.attrs["posterior"], metric, higher)
+        columns = ["study", *rows.columns]
+        body += ["<tr>" + _td("study", name) + "".join(_td(c, v) for c, v in row.items()) + "</tr>"
+                 for row in rows.to_dict("records")]
     if not body:
         return ""
     note = ("<p>At each budget: use the configuration named, within ε (points for an accuracy) of the best configuration "
@@ -220,7 +212,7 @@ def render(frames: dict[str, pd.DataFrame], out: Path, meta: dict[str, dict]) ->
 <style>{_CSS}</style><script>{_STATUS_JS}</script>
 <script type="text/javascript">{get_plotlyjs()}</script></head>
 <body><h1>{esc(title)}</h1><ul>{"".join(_summary(n, df, meta[n], stats[n]) for n, df in frames.items())}</ul>
-{sections[0] if sections else ""}{_answers_table(frames, meta, stats)}{"".join(sections[1:])}
+{sections[0] if sections else ""}{_answers_table(meta, stats)}{"".join(sections[1:])}
 <section><h2>Configurations</h2>{_config_note(stats)}{_config_table(frames, meta, stats)}</section>
 <section><h2>Trials</h2><p>Click a column to sort.</p>{_table(frames, meta, stats)}</section>
 <script>{_SORT_JS}</script></body></html>

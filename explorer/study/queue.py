@@ -170,11 +170,8 @@ class Queue:
             if not died or deaths[key, seed] >= MAX_WORKER_DEATHS:  # one that keeps killing its worker is left
                 taken.setdefault(key, set()).add(seed)
         queued = []
-        base = study.space.baseline
         summary = study.reads.summary(ostudy, draws=None if study.spec.replicates.policy == "adaptive" else 0)
-        for key in wanted(summary, len(seeds), study.spec.replicates, budgets=study.budgets(),
-                          baseline=base.key if base else None, higher_is_better=study.task.higher_is_better,
-                          decision=study.spec.decision):
+        for key in wanted(summary, len(seeds), study.spec.replicates, budgets=study.budgets(), decision=study.spec.decision):
             missing = [s for s in seeds if s not in taken.get(key, set())]
             for seed in missing[:1] if adaptive else missing:
                 ostudy.enqueue_trial({"arch": key}, user_attrs={"seed": seed, "replicate": True})
