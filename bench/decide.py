@@ -25,7 +25,8 @@ seeds per configuration) is reached, then the answer at each of the 10 default b
 Floors beside it: `fixed 3 seeds` (every configuration at 3 seeds, the same answer: the compute
 reference; regret target: decide within 0.05 points of it), the current rule (explorer as of
 `--floor`, before issue 26: its decide policy, decisions and pick, run from `git archive` in a
-subprocess on the same simulated runs; `--floor-reps` studies), and a random pick within the budget.
+subprocess on the same simulated runs; `--floor-reps` studies, a twentieth of them on digits-wide: it takes
+minutes per study there), and a random pick within the budget.
 
 Targets: digits-vit at delta 1: decided >= 0.70, false <= 0.05, compute <= 1.0; at 0.5: decided >=
 0.45; digits-wide at 1.5: decided >= 0.70, at 0.5: >= 0.40; false <= 0.05 throughout; regret within
@@ -154,7 +155,7 @@ def run_new(truth: Truth, values: np.ndarray, delta: float, cap: int, fixed: boo
             got[k].append(len(got[k]))
     out = []
     for b in questions(truth):
-        a = answer(post, b, truth.baseline, delta)
+        a = answer(post, b, truth.baseline, delta, advise=False)
         claims = [(a.verdict.kind, a.pick, truth.baseline)] if a.verdict is not None else []
         out.append(judge(truth, b, a.pick, a.decided, claims, delta))
     return out, sum(map(len, got.values()))
@@ -239,7 +240,8 @@ def summary(entry: dict, truth: Truth, reps: int) -> tuple[float, float, float, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=200, help="simulated studies per table, margin and policy")
-    parser.add_argument("--floor-reps", type=int, default=200, help="studies for the current rule's rows (it is slow on digits-wide)")
+    parser.add_argument("--floor-reps", type=int, default=20,
+                        help="studies for the current rule's rows (about 6 s each; a twentieth of them on digits-wide, where one takes minutes)")
     parser.add_argument("--cap", type=int, default=6, help="seeds per configuration the decide policy may reach")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--floor", default="eb70fb2", help="git revision of the code before issue 26 (the current rule)")
@@ -257,8 +259,10 @@ def main() -> None:
         args.reps, names = 4, ["vit"]
     start = time.perf_counter()
     results = measure(["decide", "fixed", "random"], names, args.reps, args.cap, args.jobs)
-    old = {} if args.quick or args.floor_reps == 0 else floor(args.floor, names, args.floor_reps, args.cap, args.jobs)
-    print(f"{args.reps} simulated studies per row (current rule: {0 if args.quick else args.floor_reps}); decide cap "
+    floor_reps = {n: max(1, args.floor_reps // 20) if n == "wide" else args.floor_reps for n in names}
+    old = {} if args.quick or args.floor_reps == 0 else {
+        k: v for n in names for k, v in floor(args.floor, [n], floor_reps[n], args.cap, args.jobs).items()}
+    print(f"{args.reps} simulated studies per row (current rule: {'none' if args.quick else floor_reps}); decide cap "
           f"{args.cap} seeds per configuration; false: share of decided questions; regret in points (± 95% over studies)")
     print(f"{'table':10s} {'delta':>5s} {'policy':>22s} {'questions':>9s} {'decided':>8s} {'false':>6s} {'compute':>8s} {'regret':>14s}")
     last, met = [], True
@@ -269,7 +273,7 @@ def main() -> None:
             rows = {}
             for policy in ("decide", "fixed", "old", "random"):
                 key = f"{policy}|{name}|{delta}"
-                source, reps = (old, args.floor_reps) if policy == "old" else (results, args.reps)
+                source, reps = (old, floor_reps[name]) if policy == "old" else (results, args.reps)
                 if key not in source:
                     continue
                 rows[policy] = summary(source[key], truth, reps)

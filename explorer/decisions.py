@@ -61,6 +61,8 @@ ACCURACY_DELTA = 0.01  # 1 point of an accuracy-like metric: the default study's
 LOSS_DELTA = 0.01  # of the best mean: a loss has no natural scale, so the margin is relative
 DEFAULT_BUDGETS = 10
 CONTENDER = 0.005  # share of draws in which a configuration is the best that makes it matter to the seed policy
+MIN_NOISE_DOF = 12  # a bound is no decision before the run noise is estimated on this many degrees of freedom
+OPTIONS = 8  # configurations the seed policy weighs per seed: those most often the best of an undecided question
 ADVICE_CAP = 60  # seeds the advice for an undecided budget looks through
 
 
@@ -142,6 +144,7 @@ class Answer:
     verdict: Verdict | None = None
     advice: dict[str, int] = field(default_factory=dict)  # undecided: more seeds per configuration that would decide it
     advice_reached: bool = True  # False: even ADVICE_CAP more seeds would not (advice is then where they would go)
+    noise_dof: float = float("inf")  # degrees of freedom of the run noise estimate the bound rests on
 
     @property
     def pick(self) -> str:
@@ -153,7 +156,8 @@ class Answer:
 
     @property
     def decided(self) -> bool:
-        return bool(np.isfinite(self.eps) and self.eps <= self.delta)
+        """eps <= delta, on a noise estimate of at least MIN_NOISE_DOF degrees of freedom."""
+        return bool(np.isfinite(self.eps) and self.eps <= self.delta and self.noise_dof >= MIN_NOISE_DOF)
 
     def words(self, unit: float = 100.0, what: str = "points") -> list[str]:
         """The answer's lines: the bound and whether it decides, the verdict, what would decide it."""
@@ -161,7 +165,9 @@ class Answer:
         if not np.isfinite(self.eps):
             out = [f"use {self.pick} (the best mean): no bound yet, one seed per configuration; undecided"]
         else:
-            state = "decided" if self.decided else f"undecided (margin {margin})"
+            state = ("decided" if self.decided else f"undecided (margin {margin})" if self.eps > self.delta else
+                     f"undecided: the run noise rests on {self.noise_dof:g} degrees of freedom of replicates, "
+                     f"{MIN_NOISE_DOF} needed (more seeds of any configurations)")
             out = [f"use {self.pick}: within {unit * self.eps:.2g} {what} of the best configuration within the budget "
                    f"({self.level:.0%}); {state}"]
         if self.verdict is not None:
@@ -181,18 +187,19 @@ def within(posterior: Posterior, budget: int) -> tuple[str, ...]:
 
 
 def answer(posterior: Posterior, budget: int, baseline: str | None, delta: float, level: float = LEVEL,
-           room: Mapping[str, int] | None = None) -> Answer:
+           room: Mapping[str, int] | None = None, advise: bool = True) -> Answer:
     """The answer at `budget`; undecided, which configurations and how many seeds would decide it
-    (`room`: seeds each may still get; none: no limit)."""
+    (`room`: seeds each may still get; none: no limit; `advise`: False leaves that out)."""
     keys = within(posterior, budget)
     if not keys:
         raise ExplorerError(f"no configuration within {format_count(budget)} parameters", field="budget")
     regret = posterior.regret(keys, level)
-    said = Answer(budget, regret, delta, level, verdict(posterior, regret.pick, baseline, delta, level))
-    if said.decided:
+    dof = posterior.noise.dof if posterior.noise is not None else 0.0
+    said = Answer(budget, regret, delta, level, verdict(posterior, regret.pick, baseline, delta, level), noise_dof=dof)
+    if said.decided or not advise:
         return said
     advice, reached = seeds_to_decide(posterior, keys, delta, level, room)
-    return Answer(budget, regret, delta, level, said.verdict, advice, reached)
+    return Answer(budget, regret, delta, level, said.verdict, advice, reached, dof)
 
 
 def distinct(posterior: Posterior, budgets: Sequence[int]) -> dict[tuple[str, ...], list[int]]:
@@ -205,13 +212,14 @@ def distinct(posterior: Posterior, budgets: Sequence[int]) -> dict[tuple[str, ..
     return out
 
 
-def _contenders(posterior: Posterior, keys: Sequence[str], latent: np.ndarray) -> tuple[str, ...]:
+def _contenders(posterior: Posterior, keys: Sequence[str], latent: np.ndarray) -> tuple[tuple[str, ...], tuple[float, ...]]:
     """The configurations of `keys` that are the best in at least CONTENDER of the draws (the regret of
-    any pick is, but for those few draws, over these)."""
+    any pick is, but for those few draws, over these), and those shares."""
     cols = [posterior.index[k] for k in keys]
     x = posterior.sign() * posterior.metric_draws(cols, latent)
     share = np.bincount(np.argmax(x, axis=1), minlength=len(keys)) / len(x)
-    return tuple(k for k, s in zip(keys, share) if s >= CONTENDER) or (keys[int(np.argmax(share))],)
+    keep = [i for i, s in enumerate(share) if s >= CONTENDER] or [int(np.argmax(share))]
+    return tuple(keys[i] for i in keep), tuple(float(share[i]) for i in keep)
 
 
 def _greedy(posterior: Posterior, sets: Sequence[tuple[str, ...]], delta: float, level: float,
@@ -220,8 +228,12 @@ def _greedy(posterior: Posterior, sets: Sequence[tuple[str, ...]], delta: float,
     (one per configuration unless `repeat`); (seeds per configuration, whether every bound reached delta).
     A seed is judged by the questions whose contenders it is among (its effect on the others, through
     the surface, is second order and left out)."""
-    sets = [tuple(dict.fromkeys(_contenders(posterior, s, posterior.latent_draws) + (posterior.regret(s, level).pick,)))
-            for s in sets]
+    found = [_contenders(posterior, s, posterior.latent_draws) for s in sets]
+    share: dict[str, float] = {}
+    for keys, shares in found:
+        for k, v in zip(keys, shares):
+            share[k] = share.get(k, 0.0) + v
+    sets = [tuple(dict.fromkeys(keys + (posterior.regret(s, level).pick,))) for (keys, _), s in zip(found, sets)]
     posterior = subset(posterior, list(dict.fromkeys(k for s in sets for k in s)))
     latent, cov = posterior.latent_draws, posterior.latent_cov
     rng = np.random.default_rng(posterior.seed + 7)
@@ -236,6 +248,7 @@ def _greedy(posterior: Posterior, sets: Sequence[tuple[str, ...]], delta: float,
         if sum(now) <= 0:
             return chosen, True
         options = {k for i, s in enumerate(sets) if now[i] > 0 for k in s if left.get(k, 0) > 0 and (repeat or k not in chosen)}
+        options = set(sorted(options, key=lambda k: -share.get(k, 0.0))[:OPTIONS])
         best, best_gain, best_state, best_after = None, 0.0, None, now
         step = int(rng.integers(1 << 31))  # one draw of the imagined seed's noise for every option: their gains compare
         for key in sorted(options):
@@ -268,14 +281,20 @@ def next_seeds(posterior: Posterior, budgets: Sequence[int], delta: float, level
                batch: int | None = None) -> list[str]:
     """The measured configurations that get one more seed now (the `decide` replicate policy): a round
     of one seed each where it most shrinks the undecided bounds, as many as there are undecided questions
-    (at least 2); `room[key]` is how many more seeds a configuration may get. Without a noise model yet,
-    the two best means of each question get their second seed."""
+    (at least 2); `room[key]` is how many more seeds a configuration may get. While the noise estimate
+    rests on fewer than MIN_NOISE_DOF degrees of freedom (none at first), the best means of each question
+    get the next seed instead, enough of them to reach it."""
     questions = list(distinct(posterior, budgets))
-    if not posterior.has_intervals:
+    dof = posterior.noise.dof if posterior.noise is not None else 0.0
+    if dof < MIN_NOISE_DOF:  # too little replication to trust the noise: more seeds of each question's best means
         out: dict[str, None] = {}
-        for keys in questions:
-            top = sorted((k for k in keys if room.get(k, 0) > 0), key=lambda k: -posterior.sign() * posterior.raw[posterior.index[k]])
-            out.update(dict.fromkeys(top[:2]))
+        for depth in range(1, 1 + max(map(len, questions))):
+            for keys in questions:
+                top = sorted((k for k in keys if room.get(k, 0) > 0 and posterior.n[posterior.index[k]] > 0),
+                             key=lambda k: -posterior.sign() * posterior.mean[posterior.index[k]])
+                out.update(dict.fromkeys(top[:depth]))
+            if len(out) >= max(2, MIN_NOISE_DOF - dof):
+                break
         return list(out)
     undecided = [q for q in questions if posterior.regret(q, level).eps > delta]
     if not undecided:
