@@ -1,23 +1,26 @@
 """Are explorer's 95% intervals 95%, and does "beats" hold under a null? Simulated from the shipped tables' noise.
 
-    python bench/coverage.py [--reps 200] [--null-reps 400] [--seeds 3] [--floor e2f9849]
+    python bench/coverage.py [--reps 200] [--null-reps 400] [--seeds 3] [--floor eb70fb2]
 
-For each table under bench/data/ every configuration gets a normal noise with its own replicate mean
-and standard deviation (the table's, over its 6 or 3 seeds); a heteroscedastic case adds 24
-configurations whose sds spread log-uniformly from 0.3 to 6 points. Each simulated study draws
-`--seeds` seeds per configuration and goes through `explorer.stats.summarize`, the function studies,
-status and recommend use; printed: the share of the nominal 95% intervals holding the true mean, over
-all configurations and over the noisiest tenth (by true sd), and the worst configuration's.
+For each table under bench/data/ (the fidelity table's 20- and 60-epoch runs apart) every configuration
+gets a normal noise with its own replicate mean and standard deviation (the table's, over its 6 or 3
+seeds), kept inside [0, 1], at its real dimensions (the posterior's surface reads them); a
+heteroscedastic case gives digits-vit's 24 configurations sds spread log-uniformly from 0.3 to 6 points.
+Each simulated study draws `--seeds` seeds per configuration and goes through
+`explorer.stats.summarize`, the function studies, status and recommend use (since issue 26: the one
+posterior, explorer.posterior); printed: the share of the nominal 95% intervals holding the true mean,
+over all configurations and over the noisiest tenth (by true sd), and the worst configuration's.
 
 False "beats": 24 configurations (digits-vit's parameter counts) with equal true means, sd 1.8 points,
 `--seeds` seeds each; `explorer.recommend.recommend` at the largest budget against the baseline
 layers=6,heads=2; the share of simulated studies whose answer says the pick beats the baseline
 (nominal: at most 5%).
 
-The floor: the same simulations run through explorer as of `--floor` (the code before issue 20, read
-with `git archive` into a temporary directory) in a subprocess, printed beside. The noise settings of
-explorer.stats (HOMOGENEITY, MIN_PRIOR_DOF, OUTLIER) were chosen on digits-vit's noise: its figures
-are in-sample; digits-wide and the heteroscedastic case were not used to choose them.
+The floor: the same simulations run through explorer as of `--floor` (default: the code before issue
+26, read with `git archive` into a temporary directory) in a subprocess, printed beside. The posterior's
+settings (the deviation prior's range, the outlier quantile, the minimum replication) were chosen
+looking at digits-vit and digits-vit-fidelity@20 in bench/decide.py's simulations: those rows are
+in-sample; digits-wide, the 60-epoch runs and the heteroscedastic case were not used to choose them.
 
 The last line: `coverage all A noisiest B false-beats C` (the current code; A and B in the worst case).
 """
@@ -42,35 +45,41 @@ BASELINE = "layers=6,heads=2"  # spaces/vit-digits.yaml's baseline
 NULL_SD = 0.018
 
 
-def cases(rng: np.random.Generator) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Per case: true means and sds of its configurations."""
+def cases(rng: np.random.Generator) -> dict[str, tuple[np.ndarray, np.ndarray, pd.DataFrame]]:
+    """Per case: true means and sds of its configurations, and their dimensions and params. The fidelity
+    table holds 20- and 60-epoch runs: each is a case of its own (they were pooled before, which mixed two
+    budgets' noise into one sd)."""
     out = {}
     for path in sorted(DATA.glob("*.csv.gz")):
-        by = pd.read_csv(path).groupby("key")["metric"]
-        out[path.name.removesuffix(".csv.gz")] = (by.mean().to_numpy(float), by.std().to_numpy(float))
-    vit = out["digits-vit"][0]
-    out["heteroscedastic"] = (vit, np.exp(rng.uniform(np.log(0.003), np.log(0.06), len(vit))))
+        table = pd.read_csv(path)
+        for epochs, part in table.groupby("epochs"):
+            name = path.name.removesuffix(".csv.gz") + (f"@{epochs}" if table["epochs"].nunique() > 1 else "")
+            by = part.groupby("key")
+            out[name] = (by["metric"].mean().to_numpy(float), by["metric"].std().to_numpy(float),
+                         by[["layers", "heads", "width", "mlp", "params"]].first())
+    vit, _, dims = out["digits-vit"]
+    out["heteroscedastic"] = (vit, np.exp(rng.uniform(np.log(0.003), np.log(0.06), len(vit))), dims)
     return out
 
 
-def frame(values: np.ndarray, params: np.ndarray, keys: list[str]) -> pd.DataFrame:
-    """A trials frame with `values[i, s]` as configuration i's metric at seed s."""
-    rows = [{"number": i * values.shape[1] + s, "state": "COMPLETE", "arch": keys[i], "seed": s, "params": int(params[i]),
-             "accuracy": float(values[i, s]), "layers": 1, "heads": 1, "width": 8, "mlp": 8}
-            for i in range(len(keys)) for s in range(values.shape[1])]
+def frame(values: np.ndarray, dims: pd.DataFrame) -> pd.DataFrame:
+    """A trials frame with `values[i, s]` as configuration i (row i of `dims`) at seed s, inside [0, 1]."""
+    rows = [{"number": i * values.shape[1] + s, "state": "COMPLETE", "arch": key, "seed": s, "params": int(d.params),
+             "accuracy": float(np.clip(values[i, s], 0, 1)), "layers": int(d.layers), "heads": int(d.heads),
+             "width": int(d.width), "mlp": int(d.mlp)}
+            for i, (key, d) in enumerate(dims.iterrows()) for s in range(values.shape[1])]
     return pd.DataFrame(rows)
 
 
-def coverage(mean: np.ndarray, sd: np.ndarray, seeds: int, reps: int, rng: np.random.Generator) -> np.ndarray:
+def coverage(mean: np.ndarray, sd: np.ndarray, dims: pd.DataFrame, seeds: int, reps: int, rng: np.random.Generator) -> np.ndarray:
     """Per configuration: the share of `reps` simulated studies whose interval holds its true mean."""
     from explorer.stats import summarize
 
-    keys = [f"c{i:03d}" for i in range(len(mean))]
-    params = np.arange(1, len(mean) + 1) * 1000
+    keys = list(dims.index)
     hits = np.zeros(len(mean))
     for _ in range(reps):
         values = mean[:, None] + sd[:, None] * rng.standard_normal((len(mean), seeds))
-        table = summarize(frame(values, params, keys), "accuracy", [("accuracy", "maximize"), ("params", "minimize")],
+        table = summarize(frame(values, dims), "accuracy", [("accuracy", "maximize"), ("params", "minimize")],
                           draws=0).set_index("arch").loc[keys]
         hits += (table["lo"].to_numpy() <= mean) & (mean <= table["hi"].to_numpy())
     return hits / reps
@@ -80,12 +89,11 @@ def false_beats(seeds: int, reps: int, rng: np.random.Generator) -> float:
     """The share of null studies (equal true means) in which recommend says the pick beats the baseline."""
     from explorer.recommend import recommend
 
-    params = pd.read_csv(DATA / "digits-vit.csv.gz").groupby("key")["params"].first()
-    keys, counts = list(params.index), params.to_numpy()
+    dims = pd.read_csv(DATA / "digits-vit.csv.gz").groupby("key")[["layers", "heads", "width", "mlp", "params"]].first()
     said = 0
     for _ in range(reps):
-        values = 0.9 + NULL_SD * rng.standard_normal((len(keys), seeds))
-        rec = recommend(frame(values, counts, keys), int(counts.max()), BASELINE)
+        values = 0.9 + NULL_SD * rng.standard_normal((len(dims), seeds))
+        rec = recommend(frame(values, dims), int(dims["params"].max()), BASELINE)
         said += any("beats the baseline" in line for line in rec.lines())
     return said / reps
 
@@ -94,8 +102,8 @@ def measure(reps: int, null_reps: int, seeds: int) -> dict[str, list[float]]:
     """{case: [coverage all, noisiest tenth, worst]} and {'false-beats': [rate]} with the explorer on sys.path."""
     rng = np.random.default_rng(0)
     out = {}
-    for name, (mean, sd) in cases(rng).items():
-        cov = coverage(mean, sd, seeds, reps, rng)
+    for name, (mean, sd, dims) in cases(rng).items():
+        cov = coverage(mean, sd, dims, seeds, reps, rng)
         noisy = sd >= np.quantile(sd, 0.9)
         out[name] = [float(cov.mean()), float(cov[noisy].mean()), float(cov.min())]
     out["false-beats"] = [false_beats(seeds, null_reps, rng)]
@@ -117,7 +125,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=200, help="simulated studies per case (coverage)")
     parser.add_argument("--null-reps", type=int, default=400, help="simulated null studies (false beats)")
     parser.add_argument("--seeds", type=int, default=3, help="seeds per configuration (the default study's budget.seeds)")
-    parser.add_argument("--floor", default="e2f9849", help="git revision of the code before issue 20 (the floor)")
+    parser.add_argument("--floor", default="eb70fb2", help="git revision of the code before issue 26 (the floor)")
     parser.add_argument("--code", help=argparse.SUPPRESS)  # the floor's subprocess: import explorer from here
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -129,11 +137,11 @@ def main() -> None:
     new = measure(args.reps, args.null_reps, args.seeds)
     print(f"nominal 95% intervals, {args.seeds} seeds per configuration, {args.reps} simulated studies per case; "
           f"floor: explorer at {args.floor}")
-    print(f"{'case':18s} {'all':>12s} {'noisiest 10%':>14s} {'worst':>12s}   (floor -> now)")
+    print(f"{'case':24s} {'all':>12s} {'noisiest 10%':>14s} {'worst':>12s}   (floor -> now)")
     for name in new:
         if name == "false-beats":
             continue
-        print(f"{name:18s} " + " ".join(f"{f'{o:.3f} -> {n:.3f}':>{w}s}" for o, n, w in zip(old[name], new[name], (12, 14, 12))))
+        print(f"{name:24s} " + " ".join(f"{f'{o:.3f} -> {n:.3f}':>{w}s}" for o, n, w in zip(old[name], new[name], (12, 14, 12))))
     beats_old, beats_new = old["false-beats"][0], new["false-beats"][0]
     half = 1.96 * np.sqrt(max(beats_new * (1 - beats_new), 1e-4) / args.null_reps)
     print(f"false 'beats' (24 equal means, sd {100 * NULL_SD:.1f} points, {args.seeds} seeds, {args.null_reps} studies): "

@@ -13,8 +13,8 @@ other's tied set (configurations with no evidence either is better). Side by sid
   the same configuration agrees;
 - adaptive replicates (explorer.replicates at `--confidence`, up to `--max-seeds` of the set),
   replayed on the table as a study would spend them;
-- decide: seeds only for each budget's undecided comparison (explorer.replicates `decide`, the
-  default delta and level, up to `--max-seeds`);
+- decide: seeds where they most shrink an undecided budget's regret bound (explorer.replicates
+  `decide`, the default delta and level, up to `--max-seeds`);
 - fixed replicates: every configuration at every seed of the set (the compute reference);
 - random pick: a configuration drawn at random within the budget in each run (the floor; "tied" read
   from the fixed runs' tied sets).
@@ -24,7 +24,7 @@ size (agreement bought by huge tied sets would show here), and compute as a shar
 maximum; then measures that can fail: the same configuration on budgets with more than 4 candidates,
 the share of answers whose true mean (the 6-seed mean, which includes the run's own 3 seeds) is within
 1 point of the best true mean within the budget, the mean regret against the 6-seed means (points), the
-share of budgets decided (non-inferior, beats or equivalent: explorer.recommend.decide), and the seeds
+share of budgets decided (the pick's regret bound within delta: explorer.decisions), and the seeds
 given to the three configurations with the best true means against the rest. Figures are means over
 the 10 splits x 2 runs x 10 budgets.
 """
@@ -81,12 +81,13 @@ def answers(frame: pd.DataFrame, used: dict[str, list[int]], at: list[int]) -> l
     """Per budget: the recommended configuration, the set it is tied with, and whether the budget is decided."""
     df = trials(frame, used)
     recs = [recommend(df, b, BASELINE) for b in at]
-    return [(r.key, frozenset(r.tied), any(d.decided for d in r.decisions)) for r in recs]
+    return [(r.key, frozenset(r.tied), r.decided) for r in recs]
 
 
 def run_split(split: tuple[tuple[int, ...], tuple[int, ...]], confidence: float) -> dict[str, list[tuple[float, ...]]]:
     """For one split of the seeds: per policy, run and budget the MEASURES."""
     frame, tables, params = load()
+    dims = {k: {d: int(g[d].iloc[0]) for d in ("layers", "heads", "width", "mlp")} for k, g in frame.groupby("key")}
     at = budgets(params)
     truth = frame.groupby("key")["metric"].mean().to_dict()
     inside = [[k for k in tables if params[k] <= b] for b in at]
@@ -103,7 +104,7 @@ def run_split(split: tuple[tuple[int, ...], tuple[int, ...]], confidence: float)
                 used = {key: list(seeds) for key in tables}
             else:
                 spec = ReplicateSpec(policy=policy, confidence=confidence)
-                used = replay(tables, params, list(seeds), spec, budgets=at, baseline=BASELINE, draws=500)
+                used = replay(tables, params, list(seeds), spec, budgets=at, draws=500, dims=dims)
             said = answers(frame, used, at)
             if policy == "fixed":
                 fixed_ties.append([t for _, t, _ in said])

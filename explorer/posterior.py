@@ -47,10 +47,6 @@ class Check:
     inside_flat: int
 
     @property
-    def coverage(self) -> float:
-        return self.inside / self.held_out if self.held_out else float("nan")
-
-    @property
     def passed(self) -> bool:
         misses = self.held_out - self.inside
         return misses == 0 or float(special.bdtrc(misses - 1, self.held_out, 1 - LEVEL)) >= CHECK_P or self.inside >= self.inside_flat
@@ -64,7 +60,6 @@ class Regret:
     pick: str
     eps: float  # NaN without a noise model
     expected: float
-    p_best: float
     keys: tuple[str, ...]
 
 
@@ -171,14 +166,14 @@ class Posterior:
         if not self.has_intervals:
             raw = self.sign() * self.raw[cols]
             i = int(np.lexsort((self.params[cols], -raw))[0])
-            return Regret(keys[i], float("nan"), float("nan"), float("nan"), keys)
+            return Regret(keys[i], float("nan"), float("nan"), keys)
         x = self.sign() * self.metric_draws(cols, latent)
         r = x.max(axis=1, keepdims=True) - x
         k = min(len(r) - 1, int(np.ceil(level * len(r))) - 1)  # the draw at the quantile, rounded up: no interpolation
         eps = np.partition(r, k, axis=0)[k]
         expected = r.mean(axis=0)
         i = int(np.lexsort((self.params[cols], np.round(expected, 9), np.round(eps, 9)))[0])
-        return Regret(keys[i], float(eps[i]), float(expected[i]), float(np.mean(r[:, i] == 0)), keys)
+        return Regret(keys[i], float(eps[i]), float(expected[i]), keys)
 
     def difference(self, a: str, b: str) -> np.ndarray:
         """Draws of a's true mean minus b's, signed so that > 0 means a is better."""

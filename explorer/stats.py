@@ -134,7 +134,3 @@ def _ties(table: pd.DataFrame, post: Posterior, metric: str, objectives: Sequenc
         out.append(tied)
     return out
 
-
-def groups_of(table: pd.DataFrame) -> dict[str, dict[int, float]]:
-    """{arch: {seed: metric}} from a `summarize` table."""
-    return {row.arch: dict(zip(row.seeds, row.values)) for row in table.itertuples()}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -43,3 +44,14 @@ def test_replay_on_the_shipped_table(prune: tuple | None) -> None:
     assert all(0 <= m["regret"] <= result["empty"] and 0 < m["hv"] <= 1 for m in marks.values())
     assert result["trace"] and all(e < 20 * 13 for e, _ in result["trace"])  # at most the last run past 12 unpruned runs' epochs
     assert table.regret({k: table.mean[k] for k in table.params}) == 0
+
+
+def test_decide_bench_runs_the_whole_loop_and_prints_its_last_line() -> None:
+    """bench/decide.py --quick: 4 simulated studies per row of digits-vit through the seed policy, the
+    posterior and the answer (its figures mean nothing at 4; the full run's are in the README)."""
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "decide.py"), "--quick", "--jobs", "1"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert re.fullmatch(r"decide vit@1 [01]\.\d\d [01]\.\d{3} \d\.\d\d", lines[-1]), lines[-1]
+    assert any("random pick" in line for line in lines) and any("fixed 3 seeds" in line for line in lines)
