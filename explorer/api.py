@@ -258,16 +258,16 @@ def _past_the_space(study: Study, trials: pd.DataFrame, limit: int, candidates: 
 
 def _answers(study: Study, summary: pd.DataFrame) -> list[tuple[list[int], Answer]]:
     """The answer at each of the study's budgets (`decision.budgets`), budgets holding the same
-    configurations once: (those budgets, their answer), from the summary's posterior."""
+    configurations once: (those budgets, their answer), from the summary's posterior. An undecided
+    answer's seeds are not limited to the study's `max_seeds`: once the policy has spent them, what
+    would decide it is still the user's question (and what `recommend` says)."""
     if not len(summary):
         return []
     post = summary.attrs["posterior"]
     base = study.space.baseline
     best = float(np.nanmax(post.sign() * summary["mean"])) * post.sign()
     delta = study.spec.decision.margin(study.task.higher_is_better, best)
-    cap = min(len(study.seeds), study.spec.decision.max_seeds or len(study.seeds))
-    room = {k: max(0, cap - int(n)) for k, n in zip(post.keys, post.n)}
-    return [(at, answer(post, at[-1], base.key if base else None, delta, study.spec.decision.level, room))
+    return [(at, answer(post, at[-1], base.key if base else None, delta, study.spec.decision.level))
             for at in distinct(post, study.budgets()).values()]
 
 

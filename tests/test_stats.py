@@ -202,6 +202,25 @@ def test_the_decide_policy_spends_seeds_where_the_bound_shrinks() -> None:
     assert next_seeds(post, [10**6], 0.5, 0.95, room) == []  # decided at a 50-point margin: no seed
 
 
+def test_status_says_what_would_decide_a_budget_after_the_policy_spent_its_seeds() -> None:
+    """The default study ends with 138k-203k undecided and its top configurations at the 6-seed cap: status's
+    "more seeds would go to" was empty there (the advice was limited to the cap), while recommend said
+    about 20 more seeds of which configurations would decide it. Both now give that advice."""
+    from types import SimpleNamespace
+
+    from explorer.api import _answers
+
+    rng = np.random.default_rng(8)
+    means = np.array([0.70, 0.72, 0.75, 0.78, 0.80, 0.82, 0.94, 0.945])
+    values = means[:, None] + 0.012 * rng.standard_normal((8, 3))
+    summary = stats.summarize(frame(values), "accuracy", OBJECTIVES, draws=0)
+    study = SimpleNamespace(space=SimpleNamespace(baseline=None), seeds=[0, 1, 2], task=SimpleNamespace(higher_is_better=True),
+                            spec=SimpleNamespace(decision=DecisionSpec(delta=0.002)), budgets=lambda: [10**6])
+    (at, said), = _answers(study, summary)  # every configuration already at the study's 3 seeds
+    assert not said.decided and said.advice and set(said.advice) <= set(summary["arch"])
+    assert any(line.startswith("about ") or line.startswith("more than ") for line in said.words())
+
+
 # -- the smooth model and its check --------------------------------------------------------------------------
 def test_the_smooth_model_falls_back_where_held_out_seeds_miss_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """24 configurations alternating 35 points apart along their depth. The fitted surface follows them (a
