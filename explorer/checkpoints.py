@@ -23,9 +23,9 @@ OWNER = "owner.json"
 def lineage(trial: optuna.trial.FrozenTrial) -> int:
     """The number of the first trial of a chain of retries.
 
-    explorer's retries (Ctrl-C, `--reclaim`, a stopped Ray driver) record it as the user attr
-    `retry_of`; Optuna's heartbeat retry (`RetryHeartbeatStaleTrialCallback`) as the system attr
-    `failed_trial`, and it copies the user attrs, so `retry_of` is looked at first.
+    explorer's retries (a dead worker, Ctrl-C, `--reclaim`, a stopped Ray driver) record it as the user
+    attr `retry_of`; retries queued by Optuna's `RetryHeartbeatStaleTrialCallback` (studies run before
+    explorer queued them itself) as the system attr `failed_trial`, so `retry_of` is looked at first.
     """
     return int(trial.user_attrs.get("retry_of", trial.system_attrs.get("failed_trial", trial.number)))
 

@@ -31,7 +31,6 @@ import pickle
 import shutil
 import threading
 import time
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -45,9 +44,9 @@ from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from ray.tune.search import Searcher
 
 from explorer.errors import ExplorerError, TrialFailed
-from explorer.executors import Executor, TrialCallback
+from explorer.executors.base import Executor, TrialCallback
 from explorer.study import ExecutorSpec, Study
-from explorer.study.storage import storage_of, trial_storage_id
+from explorer.optuna_compat import storage_of, trial_storage_id
 from explorer.train import CHECKPOINT
 
 _FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
@@ -61,8 +60,7 @@ class RayExecutor(Executor):
         log_to_file(ray_log(study))
         connect(study.spec.executor)
         check_storage_path(study)
-        with warnings.catch_warnings(category=optuna.exceptions.ExperimentalWarning, action="ignore"):
-            optuna.storages.fail_stale_trials(ostudy)  # trials a dead driver left: failed, queued again
+        study.queue.waiting(ostudy)  # trials a dead driver left: failed, queued again
         link = _Link(study, ostudy, on_trial)
         name = f"{study.spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         try:
@@ -252,7 +250,7 @@ class _Link:
                     storage_of(self._ostudy).set_trial_user_attr(
                         trial_id, "interrupted", "the Ray run was interrupted (Ctrl-C) while it ran; its configuration is queued again")
                     self.tell(number, state=optuna.trial.TrialState.FAIL)
-                    self.study().queue.requeue(self._ostudy, trial)
+            self.study().queue.requeue_dead(self._ostudy)
         self.open_trials.clear()
         if self._beating is not None:
             self._beating.set()
@@ -288,16 +286,13 @@ class OptunaBridge(Searcher):
                     return self._launch(trial_id, number, run[0])
         while True:
             study.queue.replicates(ostudy)
-            if study.queue.remaining(ostudy) <= len(self.link.open_trials) or study.reads.too_many_failures(ostudy) or (
-                    study.spec.sampler.name == "grid" and study.queue.waiting(ostudy) == 0):
-                # open trials may still lead to replicates (an adaptive round starts when they end)
-                more = self.held or (self.link.open_trials and len(study.seeds) > 1)
-                return None if more else Searcher.FINISHED
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="Heartbeat of storage")  # the link beats for Ray trials
-                trial = ostudy.ask()  # queued trials (retries, grid, `recommend --verify`) come first
+            claimed = None if study.reads.too_many_failures(ostudy) else study.queue.claim(ostudy)  # under the study's lock
+            if claimed is None:
+                # open trials may still lead to replicates (an adaptive round starts when they end) or retries
+                return None if self.held or self.link.open_trials else Searcher.FINISHED
+            trial, cfg = claimed
             self.link.open_trials[trial.number] = trial_storage_id(trial)
-            key = study.evaluator.suggest(trial).key
+            key = cfg.key
             if (key, study.seed_of(trial)) in self._training():
                 self.held[trial.number] = (key, study.seed_of(trial))
             elif not self._answer_from_storage(trial.number, key):

@@ -17,8 +17,8 @@ import optuna
 
 from explorer import checkpoints
 from explorer.conditioning import kappa_attrs, space_regime
-from explorer.errors import ExplorerError, TrialFailed
-from explorer.identity import current_key, is_current
+from explorer.errors import ExplorerError, TrialFailed, TrialReclaimed
+from explorer.identity import current_key, is_current, legacy_key
 from explorer.space import Config
 from explorer.study.read import peers
 from explorer.train import TrialResult, run_trial
@@ -84,7 +84,7 @@ class Evaluator:
             with time_limit(study.spec.trial_timeout_s):
                 result = run_trial(cfg.family, cfg.dims, study.task, budget, callback=on_epoch,
                                    checkpoint_dir=ckpt, device=device)
-        except KeyboardInterrupt:  # kept: the resumed trial continues from its checkpoint
+        except (KeyboardInterrupt, TrialReclaimed):  # kept: the resumed trial (or the retry) continues from its checkpoint
             raise
         except (optuna.TrialPruned, TrialFailed, ExplorerError, SystemExit):
             checkpoints.remove(ckpt)
@@ -125,5 +125,6 @@ class Evaluator:
         attrs = trials[number].user_attrs
         if attrs.get("replicate") or attrs.get("verify"):
             return False
-        key = current_key(ostudy)
-        return study.pruner.should_prune(epoch, value, cfg.params, peers([t for t in trials if is_current(t, key)], number), cfg.key)
+        key, legacy = current_key(ostudy), legacy_key(ostudy)
+        current = [t for t in trials if is_current(t, key, legacy)]
+        return study.pruner.should_prune(epoch, value, cfg.params, peers(current, number), cfg.key)

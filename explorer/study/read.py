@@ -13,7 +13,7 @@ import optuna
 import pandas as pd
 
 from explorer.frame import trials_frame
-from explorer.identity import current_rows, current_trials, current_key
+from explorer.identity import current_key, current_rows, current_trials, is_current, legacy_key
 from explorer.pruning import Peer
 from explorer.stats import summarize
 
@@ -79,8 +79,8 @@ class Reads:
 
     def set_aside(self, ostudy: optuna.Study) -> int:
         """Trials that ran under an earlier identity (before `run --force` changed the budget, say): kept, not read."""
-        key = current_key(ostudy)
-        return sum(t.user_attrs.get("identity", key) != key for t in ostudy.get_trials(deepcopy=False))
+        key, legacy = current_key(ostudy), legacy_key(ostudy)
+        return sum(not is_current(t, key, legacy) for t in ostudy.get_trials(deepcopy=False))
 
     def failures(self, ostudy: optuna.Study) -> int:
         return sum(t.state == _FAIL and "fail_reason" in t.user_attrs for t in current_trials(ostudy))
