@@ -55,8 +55,8 @@ class Queue:
             trials = current_trials(ostudy)
             slots = self.to_measure(ostudy, trials) - sum(t.state == _RUNNING and not runs_regardless(t) for t in trials)
             waiting = sorted((t for t in trials if t.state == _WAITING), key=lambda t: t.number)
-            plain = [t for t in waiting if not runs_regardless(t)]
-            eligible = [t for t in waiting if runs_regardless(t) or t in plain[:max(0, slots)]]
+            admitted = {t.number for t in [t for t in waiting if not runs_regardless(t)][:max(0, slots)]}
+            eligible = [t for t in waiting if runs_regardless(t) or t.number in admitted]
             trial = next(filter(None, (_pop(ostudy, t) for t in eligible)), None)
             if trial is None:
                 if waiting or slots <= 0 or self.study.spec.sampler.name == "grid":
