@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "explorer"
-PRIVATE = re.compile(r"optuna\._|\._storage\b|\._trial_id\b|\._study_id\b|\._backend\b|RDBStorage\._|_pop_waiting_trial_id|"
+PRIVATE = re.compile(r"optuna\._|\._storage\b|\._trial_id\b|\._study_id\b|\._backend\b|RDBStorage\._(?!_)|_pop_waiting_trial_id|"
                      r"storages\._rdb|storages\._heartbeat")
 
 
