@@ -146,7 +146,8 @@ def test_four_workers_finish_every_configuration_of_a_grid_once(server: Server, 
     url = server.database()
     path = write_study(tmp_path, storage=url)  # a grid of 6 configurations
     results = finish([worker(path) for _ in range(4)])
-    assert all(rc == 0 for rc, _ in results), [(rc, e[:300], e[-500:]) for rc, e in results if rc != 0]
+    failed = "\n\n".join(f"worker exited {rc}; its output:\n{out}" for rc, out in results if rc != 0)
+    assert not failed, failed  # a string, printed whole (pytest shortens a list)
     trials = completed_once(url, 6)
     assert not [t for t in trials if t.state == FAIL]
 
@@ -214,3 +215,30 @@ def test_a_url_whose_driver_is_missing_says_which_to_install(tmp_path: Path) -> 
         study.open()
     assert str(err.value) == (f"{tmp_path / 'study.yaml'}: storage: cannot open storage 'postgresql+psycopg2://explorer:***@127.0.0.1:1/db': "
                               "No module named 'psycopg2'; install the driver (postgresql:// uses psycopg 3: pip install 'explorer[postgres]')")
+
+
+def test_workers_opening_a_new_database_at_once_create_its_tables_one_at_a_time(server: Server, tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 28, item 2: Optuna creates its schema by check-then-create, and two workers that check
+    before either commits both create (`type "studydirection" already exists`). Under the study's
+    advisory lock one creates at a time: a rendezvous inside the creation never meets."""
+    from test_workers import Rendezvous, at_once
+
+    from explorer.study import load_study_spec
+
+    path = write_study(tmp_path, storage=server.database())
+    inside, most, meet = [0], [0], Rendezvous()
+    real = optuna.storages.RDBStorage.__init__
+
+    def creating(self, *args, **kwargs):
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        meet()
+        try:
+            real(self, *args, **kwargs)
+        finally:
+            inside[0] -= 1
+
+    monkeypatch.setattr(optuna.storages.RDBStorage, "__init__", creating)
+    at_once(*(lambda s=s: s.open() for s in [load_study_spec(path) for _ in range(4)]))
+    assert most[0] == 1 and not meet.met
