@@ -25,7 +25,6 @@ from explorer.executors.local import LocalExecutor
 from explorer.optuna_compat import pop_waiting, storage_of, trial_storage_id
 from explorer.study import load_study_spec
 from explorer.study.liveness import beating
-from explorer.study.storage import Store
 
 COMPLETE, FAIL, RUNNING, WAITING = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL,
                                     optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
