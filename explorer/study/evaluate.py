@@ -58,6 +58,9 @@ class Evaluator:
             "train_time_s": result.train_time_s,
             "steps": result.steps,
             "device": result.device,
+            "compile": result.compile,
+            "tf32": result.tf32,
+            "seed_batch": result.seed_batch,
         }
 
     def evaluate(self, cfg: Config, lineage: int, on_epoch: Callable[[int, dict[str, float]], None] | None = None,
