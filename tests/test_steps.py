@@ -101,3 +101,15 @@ def test_speed_settings_leave_the_identity_and_tf32_enters_it_when_on() -> None:
     assert Budget(tf32=True).identity() == {**Budget().identity(), "tf32": True}
     with pytest.raises(ValueError, match="compile"):
         Budget(compile="graphs")
+
+
+def test_a_study_asking_for_speed_keeps_the_identity_of_one_that_does_not(tmp_path) -> None:
+    from conftest import tiny_study_doc, write_study
+
+    from explorer.study import load_study_spec
+
+    plain = load_study_spec(write_study(tmp_path / "a"))
+    budget = {**tiny_study_doc()["budget"], "compile": "cudagraphs", "seed_batch": "on"}
+    fast = load_study_spec(write_study(tmp_path / "b", budget=budget))
+    assert fast.identity_key == plain.identity_key
+    assert load_study_spec(write_study(tmp_path / "c", budget={**budget, "tf32": True})).identity_key != plain.identity_key
