@@ -16,7 +16,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
@@ -24,7 +24,7 @@ import optuna
 import torch
 
 from explorer.errors import ExplorerError, TrialFailed
-from explorer.executors import Executor, TrialCallback
+from explorer.executors import Executor, TrialCallback, seedgroups
 from explorer.study import STORAGE_ERRORS, Study
 from explorer.study.storage import storage_of
 
@@ -62,20 +62,27 @@ class LocalExecutor(Executor):
             trial.set_user_attr("config", cfg.dims)
             trial.set_user_attr("params", cfg.params)
             frozen = ostudy.get_trials(deepcopy=False)[trial.number]
-            curve: list[float] = []
 
-            def on_epoch(epoch: int, metrics: dict[str, float]) -> None:
-                value = metrics[metric]
-                curve.append(value)
-                trial.set_user_attr("curve", curve)
-                if interrupts.requested:  # trials in threads stop here (signals reach the main thread only)
-                    raise KeyboardInterrupt
-                if study.evaluator.should_prune(ostudy, trial.number, epoch + 1, value, cfg):
-                    raise optuna.TrialPruned(f"{metric} {value:.4g} at epoch {epoch + 1}: pruned ({study.spec.pruner.name})")
+            def reporter(t: optuna.Trial) -> Callable[[int, dict[str, float]], None]:
+                curve: list[float] = []
 
+                def on_epoch(epoch: int, metrics: dict[str, float]) -> None:
+                    value = metrics[metric]
+                    curve.append(value)
+                    t.set_user_attr("curve", curve)
+                    if interrupts.requested:  # trials in threads stop here (signals reach the main thread only)
+                        raise KeyboardInterrupt
+                    if study.evaluator.should_prune(ostudy, t.number, epoch + 1, value, cfg):
+                        raise optuna.TrialPruned(f"{metric} {value:.4g} at epoch {epoch + 1}: pruned ({study.spec.pruner.name})")
+
+                return on_epoch
+
+            claimed = seedgroups.claim(study, ostudy, trial, cfg)  # its configuration's queued seeds, where training them as one pays
             try:
                 with interrupts.armed():
-                    attrs = study.evaluator.evaluate(cfg, study.lineage(frozen), on_epoch, seed=study.seed_of(trial))
+                    attrs = seedgroups.train_together(study, ostudy, trial, cfg, claimed, reporter, on_trial) if claimed else None
+                    if attrs is None:
+                        attrs = study.evaluator.evaluate(cfg, study.lineage(frozen), reporter(trial), seed=study.seed_of(trial))
             except (TrialFailed, ExplorerError) as err:  # ExplorerError: the study's data is bad; it stops the study
                 trial.set_user_attr("fail_reason", str(err))
                 raise
