@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.train_step import matmul_flops  # noqa: E402
 from explorer.seedbatch import run_seeds  # noqa: E402
+from explorer.steps import compile_used  # noqa: E402
 from explorer.study import load_study_spec  # noqa: E402
 from explorer.study.queue import spread_order  # noqa: E402
 from explorer.tasks import TaskData  # noqa: E402
@@ -84,7 +85,7 @@ def main() -> None:
     epochs = args.epochs or (study.spec.budget.epochs if cuda else 2)
     budget: Budget = study.spec.budget.model_copy(update={"epochs": epochs, "seed_batch": "on"})
     seeds = list(range(args.seeds)) if args.seeds else study.seeds
-    modes = (args.modes or ("none,cudagraphs" if cuda else "none")).split(",")
+    modes = list(dict.fromkeys(compile_used(m, device) for m in (args.modes or ("none,cudagraphs" if cuda else "none")).split(",")))
     task = study.task
 
     ways: dict[str, Callable] = {}

@@ -2,6 +2,7 @@
 
 One narrow interface, like Optuna's samplers: `run(study, optuna_study, on_trial)`. `local` runs
 trials in this process; `ray` runs them through Ray Tune (the only module that imports Ray).
+`seedgroups` lets a local worker train its configuration's queued seeds with its trial, as one model.
 """
 
 from __future__ import annotations
