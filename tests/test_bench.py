@@ -43,3 +43,15 @@ def test_replay_on_the_shipped_table(prune: tuple | None) -> None:
     assert all(0 <= m["regret"] <= result["empty"] and 0 < m["hv"] <= 1 for m in marks.values())
     assert result["trace"] and all(e < 20 * 13 for e, _ in result["trace"])  # at most the last run past 12 unpruned runs' epochs
     assert table.regret({k: table.mean[k] for k in table.params}) == 0
+
+
+@pytest.mark.slow
+def test_gpu_bench_runs_on_the_cpu_and_prints_both_ways_side_by_side() -> None:
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--configs", "1", "--epochs", "1", "--seeds", "2",
+                          "--modes", "none,cudagraphs"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("device cpu (CPU, 1 thread(s)); 1 configurations x 2 seeds = 2 trials")
+    assert "peak used: a 1024^2 matmul in float32" in lines[1]
+    rows = [line for line in lines if "trials/h" in line]  # cudagraphs needs CUDA: on the CPU it is the eager rows
+    assert [r.split("  ")[0] for r in rows] == ["one by one, none", "seeds as one, none"] and "x 1.00" in rows[0]

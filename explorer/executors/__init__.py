@@ -1,6 +1,7 @@
 """Executors run a study's trials and record them in its Optuna storage (the interface: base.py).
 
 `local` runs trials in this process; `ray` runs them through Ray Tune (the only module that imports Ray).
+`seedgroups` lets a local worker train its configuration's queued seeds with its trial, as one model.
 """
 
 from __future__ import annotations

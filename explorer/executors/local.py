@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
@@ -25,6 +25,7 @@ import optuna
 import torch
 
 from explorer.errors import ExplorerError, TrialFailed, TrialReclaimed
+from explorer.executors import seedgroups
 from explorer.executors.base import Executor, TrialCallback
 from explorer.optuna_compat import storage_of, trial_storage_id
 from explorer.space import Config
@@ -101,7 +102,8 @@ class _Worker:
                 self.after(frozen)
 
     def trial(self, trial: optuna.Trial, cfg: Config) -> optuna.trial.FrozenTrial | None:
-        """Train one claimed trial and tell its result; None when another worker reclaimed it meanwhile."""
+        """Train one claimed trial (with its configuration's queued seeds, where training them as one model
+        pays: explorer.executors.seedgroups) and tell its result; None when another worker reclaimed it."""
         study, ostudy, interrupts = self.study, self.ostudy, self.interrupts
         values = study.evaluator.answer_from_storage(ostudy, trial, cfg)
         if values is not None:  # a sampler may propose a configuration again: never train it twice
@@ -109,22 +111,12 @@ class _Worker:
         trial.set_user_attr("config", cfg.dims)
         trial.set_user_attr("params", cfg.params)
         stored = storage_of(ostudy).get_trial(trial_storage_id(trial))
-        curve: list[float] = []
-
-        def on_epoch(epoch: int, metrics: dict[str, float]) -> None:
-            value = metrics[study.task.metric]
-            curve.append(value)
-            if storage_of(ostudy).get_trial(trial_storage_id(trial)).state != _RUNNING:
-                raise TrialReclaimed  # failed as dead by another worker: its retry trains it, from the checkpoint
-            trial.set_user_attr("curve", curve)
-            if interrupts.requested:  # trials in threads stop here (signals reach the main thread only)
-                raise KeyboardInterrupt
-            if study.evaluator.should_prune(ostudy, trial.number, epoch + 1, value, cfg):
-                raise optuna.TrialPruned(f"{study.task.metric} {value:.4g} at epoch {epoch + 1}: pruned ({study.spec.pruner.name})")
-
+        group = seedgroups.claim(study, ostudy, trial, cfg)
         try:
             with interrupts.armed():
-                attrs = study.evaluator.evaluate(cfg, study.lineage(stored), on_epoch, seed=study.seed_of(trial))
+                attrs = seedgroups.train_together(study, ostudy, trial, cfg, group, self.reporter, self.ended) if group else None
+                if attrs is None:
+                    attrs = study.evaluator.evaluate(cfg, study.lineage(stored), self.reporter(trial), seed=study.seed_of(trial))
         except optuna.TrialPruned:
             return _tell(ostudy, trial, state=_PRUNED)
         except (TrialFailed, ExplorerError) as err:  # ExplorerError: the study's data is bad; it stops the study
@@ -147,6 +139,29 @@ class _Worker:
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
         return _tell(ostudy, trial, values=study.evaluator.values(attrs))
+
+    def reporter(self, trial: optuna.Trial) -> Callable[[int, dict[str, float]], None]:
+        """What `trial` does after each epoch: record its curve, stop if reclaimed or interrupted, prune."""
+        study, ostudy, interrupts, curve = self.study, self.ostudy, self.interrupts, []
+        cfg = study.configs[trial.params["arch"]]
+
+        def on_epoch(epoch: int, metrics: dict[str, float]) -> None:
+            value = metrics[study.task.metric]
+            curve.append(value)
+            if storage_of(ostudy).get_trial(trial_storage_id(trial)).state != _RUNNING:
+                raise TrialReclaimed  # failed as dead by another worker: its retry trains it, from the checkpoint
+            trial.set_user_attr("curve", curve)
+            if interrupts.requested:  # trials in threads stop here (signals reach the main thread only)
+                raise KeyboardInterrupt
+            if study.evaluator.should_prune(ostudy, trial.number, epoch + 1, value, cfg):
+                raise optuna.TrialPruned(f"{study.task.metric} {value:.4g} at epoch {epoch + 1}: pruned ({study.spec.pruner.name})")
+
+        return on_epoch
+
+    def ended(self, frozen: optuna.trial.FrozenTrial | None) -> None:
+        """After a trial of a seed group ended (None: it was reclaimed)."""
+        if frozen is not None:
+            self.after(frozen)
 
     def after(self, frozen: optuna.trial.FrozenTrial) -> None:
         study, ostudy = self.study, self.ostudy

@@ -20,6 +20,7 @@ from explorer.conditioning import kappa_attrs, space_regime
 from explorer.errors import ExplorerError, TrialFailed, TrialReclaimed
 from explorer.identity import current_key, is_current, legacy_key
 from explorer.space import Config
+from explorer.seedbatch import NotBatchable, run_seeds
 from explorer.study.read import peers
 from explorer.train import TrialResult, run_trial
 from explorer.watchdog import time_limit
@@ -58,6 +59,9 @@ class Evaluator:
             "train_time_s": result.train_time_s,
             "steps": result.steps,
             "device": result.device,
+            "compile": result.compile,
+            "tf32": result.tf32,
+            "seed_batch": result.seed_batch,
         }
 
     def evaluate(self, cfg: Config, lineage: int, on_epoch: Callable[[int, dict[str, float]], None] | None = None,
@@ -94,6 +98,30 @@ class Evaluator:
             raise TrialFailed(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
         checkpoints.remove(ckpt)
         return {**self.attrs(cfg, result, seed), "curve": result.curve, "trial_time_s": time.perf_counter() - start}
+
+    def evaluate_seeds(self, cfg: Config, seeds: list[int], on_epochs: list[Callable[[int, dict[str, float]], None] | None],
+                       device: str | None = None) -> list[dict[str, Any] | Exception]:
+        """Train `cfg` at each of `seeds` as one model (explorer.seedbatch): per seed, `evaluate`'s attributes,
+        or the TrialFailed / TrialPruned that ends that seed alone.
+
+        Raises NotBatchable before training when they cannot train as one; an ExplorerError and interrupts
+        stop them all, and any other error fails each seed with its reason. No checkpoints: a group that
+        dies trains again. `trial_timeout_s` bounds the group at that many seconds per seed.
+        """
+        study = self.study
+        start = time.perf_counter()
+        limit = None if study.spec.trial_timeout_s is None else study.spec.trial_timeout_s * len(seeds)
+        try:
+            with time_limit(limit):
+                outcomes = run_seeds(cfg.family, cfg.dims, study.task, study.spec.budget, seeds, on_epochs, device)
+        except (NotBatchable, ExplorerError, TrialFailed):  # TrialFailed: the time limit, which ends every seed
+            raise
+        except Exception as err:
+            raise TrialFailed(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
+        spent = (time.perf_counter() - start) / len(seeds)
+        return [out if isinstance(out, Exception)
+                else {**self.attrs(cfg, out, seed), "curve": out.curve, "trial_time_s": spent}
+                for out, seed in zip(outcomes, seeds, strict=True)]
 
     def answer_from_storage(self, ostudy: optuna.Study, trial: optuna.Trial, cfg: Config) -> list[float] | None:
         """The values of an earlier measurement of `cfg` at `trial`'s seed, recording `trial` as its duplicate; else None.

@@ -57,7 +57,7 @@ class Queue:
             waiting = sorted((t for t in trials if t.state == _WAITING), key=lambda t: t.number)
             admitted = {t.number for t in [t for t in waiting if not runs_regardless(t)][:max(0, slots)]}
             eligible = [t for t in waiting if runs_regardless(t) or t.number in admitted]
-            trial = next(filter(None, (_pop(ostudy, t) for t in eligible)), None)
+            trial = next(filter(None, (pop(ostudy, t) for t in eligible)), None)
             if trial is None:
                 if waiting or slots <= 0 or self.study.spec.sampler.name == "grid":
                     return None
@@ -249,7 +249,7 @@ def _queue_replicates(study: Study, ostudy: optuna.Study, seeds: list[int]) -> l
     return queued
 
 
-def _pop(ostudy: optuna.Study, t: optuna.trial.FrozenTrial) -> optuna.Trial | None:
+def pop(ostudy: optuna.Study, t: optuna.trial.FrozenTrial) -> optuna.Trial | None:
     """Take the queued trial `t` (what `ask()` does with the first one): None if another worker took it."""
     storage = storage_of(ostudy)
     try:

@@ -237,7 +237,7 @@ class Study:
         return {
             "space": self.space.fingerprint,
             "task": {k: v for k, v in self.spec.task.items()},
-            "budget": self.spec.budget.model_dump(mode="json", exclude={"seeds"}),
+            "budget": self.spec.budget.identity(),
             "objectives": [f"{o.direction} {o.name}" for o in self.objectives],
         }
 
