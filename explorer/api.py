@@ -13,12 +13,13 @@ Reading (trials, front, stats, recommend) never writes to the storage.
 
 from __future__ import annotations
 
+import typing
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 import pandas as pd
@@ -26,16 +27,15 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from explorer.errors import ExplorerError
-from explorer.executors import get_executor
 from explorer.frame import trials_frame
 from explorer.identity import current_rows
-from explorer.decisions import parse_budget
-from explorer.recommend import Recommendation, recommend
 from explorer.space import SpaceSpec
-from explorer.stats import summarize
-from explorer.study import ExecutorSpec, Study, StudySpec, load_study_spec
-from explorer.study.queue import MAX_DUPLICATE_RUN
 from explorer.yamlio import validation_error
+
+if TYPE_CHECKING:  # the study's machinery (torch through its tasks, scipy through the statistics) loads on first
+    # use, inside the functions below: `params` needs none of it
+    from explorer.recommend import Recommendation
+    from explorer.study import Study, StudySpec
 
 TrialCallback = Callable[[optuna.Study, optuna.trial.FrozenTrial], None]
 
@@ -81,39 +81,27 @@ class Experiment:
         Optuna's own log lines show only with `verbose`. A KeyboardInterrupt propagates once every
         finished trial is stored.
         """
-        self._override(executor, address)
+        from explorer.executors import get_executor
+
         study = self.study
+        _override(study, executor, address)
         with quiet(verbose):
             ostudy = study.open(create=not resume, force=force)
             reclaimed = study.queue.reclaim_running(ostudy) if reclaim else []
             retried = study.queue.retry_failed(ostudy) if retry_failed else []
             if on_start is not None:
-                on_start(Started(ostudy, reclaimed, retried, self._grid_note()))
+                on_start(Started(ostudy, reclaimed, retried, _grid_note(study)))
             self._ran = ostudy
             get_executor(study.spec.executor.name).run(study, ostudy, on_trial)
         return self
 
     def stalled(self) -> str | None:
         """Why the study stopped short of `n_trials`, when its sampler ran out of new proposals; else None."""
+        from explorer.study.queue import MAX_DUPLICATE_RUN
+
         if self.study.queue.stalled(self.optuna_study()):
             return f"stopped: the sampler proposed only measured configurations {MAX_DUPLICATE_RUN} times in a row"
         return None
-
-    def _grid_note(self) -> str | None:
-        spec, size = self.study.spec, len(self.study.configs)
-        if spec.sampler.name != "grid" or spec.n_trials >= size:
-            return None
-        return (f"grid of {size} configurations, n_trials {spec.n_trials}: trains {spec.n_trials} spread over the grid "
-                "(its queue is in farthest-point order); raise n_trials to run the rest")
-
-    def _override(self, executor: str | None, address: str | None) -> None:
-        spec = self.study.spec
-        if executor is not None or address is not None:
-            changes = {k: v for k, v in {"name": executor, "address": address}.items() if v is not None}
-            try:
-                spec.executor = ExecutorSpec.model_validate({**spec.executor.model_dump(), **changes})
-            except ValidationError as err:
-                raise validation_error(err, str(self.study.source), prefix="executor") from None
 
     def progress(self, ostudy: optuna.Study) -> tuple[int, int]:
         """(runs finished, runs planned so far): finished, running and not yet started; an adaptive
@@ -144,6 +132,8 @@ class Experiment:
     def export(self, target: str | Path, format: str = "csv") -> tuple[Path, Path, int, int]:
         """Write the trials table to `target` and the per-configuration table beside it
         (t.csv -> t.configs.csv; parquet likewise); returns both paths and their row counts."""
+        from explorer.stats import summarize
+
         target = Path(target)
         frame = self.trials()
         objectives = [(o.name, o.direction) for o in self.study.objectives]
@@ -196,6 +186,8 @@ class Experiment:
 
     def budget(self, text: str | int) -> int:
         """A budget as a parameter count: a count, "60M", "250k", or "10%-below-baseline"."""
+        from explorer.decisions import parse_budget
+
         base = self.study.space.baseline
         return text if isinstance(text, int) else parse_budget(text, base.params if base else None)
 
@@ -205,6 +197,10 @@ class Experiment:
         past the largest measured configuration also the shape law's answer (explorer.extrapolate), or
         its one-line refusal past the validated reach. `.lines()` says it in words; `list_ties` lists
         the configurations not distinguished from the pick, not only their count."""
+        from explorer.extrapolate import past_the_data
+        from explorer.pruning import pruned_within
+        from explorer.recommend import recommend
+
         study = self.study
         base = study.space.baseline
         limit = self.budget(budget)
@@ -215,10 +211,6 @@ class Experiment:
                                 source=str(study.source))
         rec = recommend(trials, limit, base.key if base else None, self.metric, candidates,
                         study.task.higher_is_better, decision=study.spec.decision, list_ties=list_ties)
-        from explorer.extrapolate import past_the_data
-
-        from explorer.pruning import pruned_within
-
         return replace(rec, pruned=tuple(pruned_within(trials, limit)),
                        beyond=tuple(past_the_data(trials, limit, candidates, self.metric, study.task.higher_is_better)))
 
@@ -240,6 +232,28 @@ class Experiment:
     def dashboard(self, out: str | Path | None = None) -> Path:
         """Write the self-contained HTML dashboard; returns its path."""
         return dashboard([self.study.source], out)
+
+
+def _grid_note(study: Study) -> str | None:
+    """What a grid study that trains only a prefix of its grid says when it starts."""
+    spec, size = study.spec, len(study.configs)
+    if spec.sampler.name != "grid" or spec.n_trials >= size:
+        return None
+    return (f"grid of {size} configurations, n_trials {spec.n_trials}: trains {spec.n_trials} spread over the grid "
+            "(its queue is in farthest-point order); raise n_trials to run the rest")
+
+
+def _override(study: Study, executor: str | None, address: str | None) -> None:
+    """`run`'s executor and cluster address over the spec's, validated as the YAML's would be."""
+    from explorer.study import ExecutorSpec
+
+    spec = study.spec
+    if executor is not None or address is not None:
+        changes = {k: v for k, v in {"name": executor, "address": address}.items() if v is not None}
+        try:
+            spec.executor = ExecutorSpec.model_validate({**spec.executor.model_dump(), **changes})
+        except ValidationError as err:
+            raise validation_error(err, str(study.source), prefix="executor") from None
 
 
 def _with_free_dims(study: Study, table: pd.DataFrame) -> pd.DataFrame:
@@ -318,6 +332,13 @@ def dashboard(studies: list[str | Path], out: str | Path | None = None) -> Path:
     return render_studies([Path(p) for p in studies], Path(out) if out is not None else None)
 
 
+def executor_names() -> tuple[str, ...]:
+    """The names a study's `executor.name` takes (the command line checks `--executor` against them)."""
+    from explorer.study import ExecutorSpec
+
+    return typing.get_args(ExecutorSpec.model_fields["name"].annotation)
+
+
 def params(space: str | Path | None = None, family: str | None = None,
            dims: Mapping[str, Any] | None = None) -> tuple[pd.DataFrame, str]:
     """Exact parameter counts and forward FLOPs: every feasible configuration of a space YAML, or one
@@ -361,6 +382,8 @@ def condition(space: str | Path, task: str = "digits", options: Mapping[str, Any
 
 def load(path: str | Path) -> Experiment:
     """The study a YAML file describes, with its space and task validated (one-line ExplorerError)."""
+    from explorer.study import load_study_spec
+
     return Experiment(load_study_spec(path))
 
 
@@ -371,6 +394,8 @@ def create(folder: str | Path, name: str, *, space: SpaceSpec | Mapping[str, Any
     (budget, objectives, sampler, pruner, storage, executor, ...), as dicts or explorer's models.
     The storage defaults to `folder/<name>.db`.
     """
+    from explorer.study import StudySpec
+
     folder = Path(folder)
     study_path = folder / f"{name}.yaml"
     if isinstance(space, (str, Path)):

@@ -28,7 +28,6 @@ if __name__ == "__main__" or "explorer" in os.path.basename(sys.argv[0]):  # the
 import math  # noqa: E402
 import numbers  # noqa: E402
 import time  # noqa: E402
-import typing  # noqa: E402
 from enum import Enum  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Annotated, Optional  # noqa: E402
@@ -179,9 +178,9 @@ def _run(path: Path, *, resume: bool, force: bool, executor: str | None, address
 
 def _executor_name(name: str) -> str:
     """`--executor`, validated like the YAML's `executor.name`."""
-    from explorer.api import ExecutorSpec
+    from explorer import api
 
-    choices = typing.get_args(ExecutorSpec.model_fields["name"].annotation)
+    choices = api.executor_names()
     if name not in choices:
         raise ExplorerError(f"{name!r} is not an executor; choose {' or '.join(choices)}", field="--executor")
     return name
