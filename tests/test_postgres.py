@@ -147,23 +147,10 @@ def test_workers_opening_a_new_database_at_once_create_its_tables_one_at_a_time(
     """Issue 28, item 2: Optuna creates its schema by check-then-create, and two workers that check
     before either commits both create (`type "studydirection" already exists`). Under the study's
     advisory lock one creates at a time: a rendezvous inside the creation never meets."""
-    from test_workers import Rendezvous, at_once
+    from test_workers import creating_at_once
 
     from explorer.study import load_study_spec
 
     path = write_study(tmp_path, storage=server.database())
-    inside, most, meet = [0], [0], Rendezvous()
-    real = optuna.storages.RDBStorage.__init__
-
-    def creating(self, *args, **kwargs):
-        inside[0] += 1
-        most[0] = max(most[0], inside[0])
-        meet()
-        try:
-            real(self, *args, **kwargs)
-        finally:
-            inside[0] -= 1
-
-    monkeypatch.setattr(optuna.storages.RDBStorage, "__init__", creating)
-    at_once(*(lambda s=s: s.open() for s in [load_study_spec(path) for _ in range(4)]))
-    assert most[0] == 1 and not meet.met
+    studies = [load_study_spec(path) for _ in range(4)]
+    assert creating_at_once(monkeypatch, *(lambda s=s: s.open() for s in studies)) == (1, False)

@@ -163,9 +163,8 @@ def test_the_study_lock_excludes_two_processes(tmp_path: Path, storage: str | No
     assert most[0] == 1 and locks[0].across_processes
 
 
-def test_workers_opening_a_new_database_at_once_create_its_tables_one_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 28, item 2: Optuna creates its schema by check-then-create; under the lock, one worker at a time."""
-    path = write_study(tmp_path)
+def creating_at_once(monkeypatch: pytest.MonkeyPatch, *calls: Callable[[], object]) -> tuple[int, bool]:
+    """Run `calls` at once with a rendezvous inside Optuna's table creation: (how many created at once, met)."""
     inside, most, meet = [0], [0], Rendezvous()
     real = optuna.storages.RDBStorage.__init__
 
@@ -179,9 +178,15 @@ def test_workers_opening_a_new_database_at_once_create_its_tables_one_at_a_time(
             inside[0] -= 1
 
     monkeypatch.setattr(optuna.storages.RDBStorage, "__init__", creating)
+    at_once(*calls)
+    return most[0], meet.met
+
+
+def test_workers_opening_a_new_database_at_once_create_its_tables_one_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 28, item 2: Optuna creates its schema by check-then-create; under the lock, one worker at a time."""
+    path = write_study(tmp_path)
     stores = [load_study_spec(path).store for _ in range(2)]
-    at_once(*(lambda s=s: s.storage(create=True) for s in stores))
-    assert most[0] == 1 and not meet.met
+    assert creating_at_once(monkeypatch, *(lambda s=s: s.storage(create=True) for s in stores)) == (1, False)
 
 
 def test_a_schema_another_creator_made_meanwhile_is_retried_not_fatal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
