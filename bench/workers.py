@@ -1,5 +1,5 @@
 """Many workers, kill -9, nothing lost: N `explorer run` processes of T threads on one study, on SQLite, a
-journal file and PostgreSQL, with a worker killed by SIGKILL at random moments and started again, while
+journal file and PostgreSQL, with a worker killed by SIGKILL at random moments (a worker training a trial, where one does) and started again, while
 another process loads the CPU. Prints, per storage, what was trained against what the study asked for:
 
     trained     (configuration, seed) pairs completed, against the pairs the study holds
@@ -116,10 +116,11 @@ def stress(storage: str, folder: Path, processes: int = 4, threads: int = 2, kil
     try:
         while done_kills < kills and time.perf_counter() - start < timeout:
             time.sleep(rng.uniform(1.0, 4.0))
-            alive = [p for p in procs if p.poll() is None]
+            alive = {p.pid: p for p in procs if p.poll() is None}
             if not alive:
                 break
-            victim = rng.choice(alive)
+            training = [alive[pid] for pid in _training_pids(path) if pid in alive]
+            victim = rng.choice(training or list(alive.values()))  # mid-trial where one trains
             victim.send_signal(signal.SIGKILL)
             victim.wait()
             done_kills += 1
@@ -144,6 +145,18 @@ def stress(storage: str, folder: Path, processes: int = 4, threads: int = 2, kil
                    reclaimed=sum(t.state == _FAIL and "fail_reason" not in t.user_attrs for t in trials),
                    status_runs=status.runs, status_running=status.states.get("RUNNING", 0), kills=done_kills,
                    wall_s=wall, exits=survivors)
+
+
+def _training_pids(path: Path) -> list[int]:
+    """The process ids of the workers training a trial now (each trial records its worker)."""
+    from explorer.errors import ExplorerError
+    from explorer.study import load_study_spec
+
+    try:
+        trials = load_study_spec(path).read().get_trials(deepcopy=False, states=(_RUNNING,))
+    except ExplorerError:  # not created yet
+        return []
+    return sorted({int(t.user_attrs["worker"].rsplit(":", 1)[1]) for t in trials if "worker" in t.user_attrs})
 
 
 def new_database(server: str) -> str:

@@ -9,7 +9,9 @@ threads, processes and hosts, so two workers never both queue (or start) what on
 
 from __future__ import annotations
 
+import os
 import random
+import socket
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
 MAX_WORKER_DEATHS = 5  # a grid configuration whose trial died with its worker this often is not queued again
 MAX_DUPLICATE_RUN = 200  # the sampler proposed only measured configurations this often in a row: the study stops
 _WAITING, _RUNNING, _FAIL = optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.FAIL
+WORKER = f"{socket.gethostname()}:{os.getpid()}"
 _KEPT = ("seed", "replicate", "verify", "retry_of_failed", "came_back")  # what a trial's retry keeps: its seed, and why it runs
 
 
@@ -63,7 +66,9 @@ class Queue:
                     return None
                 with warnings.catch_warnings(action="ignore", category=UserWarning):  # "heartbeat ... with optimize": we beat ourselves
                     trial = ostudy.ask()
-            return trial, self.study.evaluator.suggest(trial)
+            cfg = self.study.evaluator.suggest(trial)
+            trial.set_user_attr("worker", WORKER)  # who took it: `status` and a post-mortem can say
+            return trial, cfg
 
     def grid(self, ostudy: optuna.Study) -> list[str]:
         """Enqueue each feasible configuration no trial has taken yet (grid studies only), spread first:
