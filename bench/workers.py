@@ -1,5 +1,5 @@
 """Many workers, kill -9, nothing lost: N `explorer run` processes of T threads on one study, on SQLite, a
-journal file and PostgreSQL, with a worker killed by SIGKILL at random moments (a worker training a trial, where one does) and started again, while
+journal file and PostgreSQL, with a worker killed by SIGKILL at random moments while it trains a trial and started again, while
 another process loads the CPU. Prints, per storage, what was trained against what the study asked for:
 
     trained     (configuration, seed) pairs completed, against the pairs the study holds
@@ -115,12 +115,14 @@ def stress(storage: str, folder: Path, processes: int = 4, threads: int = 2, kil
     done_kills, survivors = 0, []
     try:
         while done_kills < kills and time.perf_counter() - start < timeout:
-            time.sleep(rng.uniform(1.0, 4.0))
+            time.sleep(rng.uniform(0.5, 3.0))
             alive = {p.pid: p for p in procs if p.poll() is None}
             if not alive:
                 break
             training = [alive[pid] for pid in _training_pids(path) if pid in alive]
-            victim = rng.choice(training or list(alive.values()))  # mid-trial where one trains
+            if not training:  # starting up, or between trials: a kill now would test nothing
+                continue
+            victim = rng.choice(training)
             victim.send_signal(signal.SIGKILL)
             victim.wait()
             done_kills += 1
