@@ -67,30 +67,34 @@ class Experiment:
         """Every place on disk this study reads or writes, resolved (study, space, data, storage, checkpoints)."""
         return self.study.paths()
 
-    def run(self, *, executor: str | None = None, address: str | None = None, force: bool = False,
-            resume: bool = False, reclaim: bool = False, retry_failed: bool = False,
+    def run(self, *, executor: str | None = None, address: str | None = None, device: str | None = None,
+            force: bool = False, resume: bool = False, reclaim: bool = False, retry_failed: bool = False,
             on_start: Callable[[Started], None] | None = None, on_trial: TrialCallback | None = None,
             verbose: bool = False) -> Experiment:
         """Create the study or continue the stored one until it has `n_trials` finished trials.
 
-        `executor` ("local" or "ray") and `address` (a Ray cluster) override the spec; `force`
-        continues a stored study whose space, task or budget changed; `resume` requires the study to
-        exist; `reclaim` fails and re-queues trials left RUNNING (no other worker alive);
+        `executor` ("local" or "ray"), `address` (a Ray cluster) and `device` ("auto", "cpu", "cuda")
+        override the spec; the devices are resolved before the storage opens (one line if they cannot be
+        had); `force` continues a stored study whose space, task, budget or execution class (a CPU study
+        run on GPUs) changed; `resume` requires the study to exist; `reclaim` fails and re-queues trials left RUNNING (no other worker alive);
         `retry_failed` queues again every configuration whose trials all failed by themselves;
         `on_start(started)` runs once the storage is open, `on_trial(study, trial)` after each trial.
         Optuna's own log lines show only with `verbose`. A KeyboardInterrupt propagates once every
         finished trial is stored.
         """
-        self._override(executor, address)
+        self._override(executor, address, device)
         study = self.study
         with quiet(verbose):
+            runner = get_executor(study.spec.executor.name)
+            execution = runner.prepare(study)
             ostudy = study.open(create=not resume, force=force)
+            runner.settle(study, ostudy, force)
             reclaimed = study.queue.reclaim_running(ostudy) if reclaim else []
             retried = study.queue.retry_failed(ostudy) if retry_failed else []
             if on_start is not None:
-                on_start(Started(ostudy, reclaimed, retried, self._grid_note()))
+                on_start(Started(ostudy, reclaimed, retried, self._grid_note(), execution.line(study.spec.budget.bf16)))
             self._ran = ostudy
-            get_executor(study.spec.executor.name).run(study, ostudy, on_trial)
+            runner.run(study, ostudy, on_trial)
         return self
 
     def stalled(self) -> str | None:
@@ -106,10 +110,10 @@ class Experiment:
         return (f"grid of {size} configurations, n_trials {spec.n_trials}: trains {spec.n_trials} spread over the grid "
                 "(its queue is in farthest-point order); raise n_trials to run the rest")
 
-    def _override(self, executor: str | None, address: str | None) -> None:
+    def _override(self, executor: str | None, address: str | None, device: str | None = None) -> None:
         spec = self.study.spec
-        if executor is not None or address is not None:
-            changes = {k: v for k, v in {"name": executor, "address": address}.items() if v is not None}
+        if executor is not None or address is not None or device is not None:
+            changes = {k: v for k, v in {"name": executor, "address": address, "device": device}.items() if v is not None}
             try:
                 spec.executor = ExecutorSpec.model_validate({**spec.executor.model_dump(), **changes})
             except ValidationError as err:
@@ -139,6 +143,7 @@ class Experiment:
             duplicates=len(current_rows(trials_frame(ostudy, duplicates=True), ostudy)) - len(frame),
             seeds=study.seeds, replicates=study.spec.replicates.model_dump(), replicate_runs=runs, replicate_at_max=at_max,
             summary=_with_free_dims(self.study, study.reads.summary(ostudy)), trials=frame, set_aside=study.reads.set_aside(ostudy), free_dims=list(study.space.free_dims), metric=self.metric,
+            classes=study.reads.classes_note(ostudy),
         )
 
     def export(self, target: str | Path, format: str = "csv") -> tuple[Path, Path, int, int]:
@@ -284,6 +289,7 @@ class Started:
     reclaimed: list[int]  # trials left RUNNING, failed and queued again (`reclaim`)
     retried: list[str]  # failed configurations queued again (`retry_failed`)
     grid_note: str | None  # a grid study that trains only a prefix of its grid says so
+    execution: str = ""  # what the trials train on, in one line (explorer.executors.devices.Execution.line)
 
 
 @dataclass(frozen=True)
@@ -305,6 +311,7 @@ class Status:
     free_dims: list[str]
     metric: str
     set_aside: int  # trials of an earlier identity (before `run --force` changed the budget, say): kept, not read
+    classes: str | None = None  # trials of more than one execution class (CPU and GPU): which are read, which set aside
 
 
 CONFIG_COLUMNS = ["arch", "layers", "heads", "width", "mlp", "params", "n", "mean", "std", "se", "lo", "hi",

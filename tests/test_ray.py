@@ -36,7 +36,7 @@ from test_tasks import make_images  # noqa: E402
 COMPLETE = optuna.trial.TrialState.COMPLETE
 FAIL = optuna.trial.TrialState.FAIL
 # two nodes: Tune's checkpoints go to a folder both reach (here the same disk; on real hosts NFS or s3://)
-RAY = {"name": "ray", "cpu": 1, "max_concurrent": 2, "max_failures": 2, "storage_path": "ray-results"}
+RAY = {"name": "ray", "cpu": 1, "max_concurrent": 2, "max_failures": 2, "storage_path": "ray-results", "checkpoint_every_s": 0}
 FOUR = {**TINY_SPACE, "free": {"layers": [1, 2], "heads": [1, 2]}}  # a grid of 4: a re-queued config must run
 
 

@@ -9,6 +9,10 @@ Ctrl-C interrupts training only: one that lands while Optuna records a finished 
 trials) lets that record complete and then stops the study, so no finished result is lost. The
 interrupted trial is queued again and resumes from its checkpoint; `run` then raises
 KeyboardInterrupt for the caller to say how to resume.
+
+Each trial trains on the device a `DevicePool` lends it (explorer.executors.devices). A fault
+(explorer.faults) fails the trial without measuring it and queues it again; one that broke the
+process's CUDA context also stops the run, whose next `explorer resume` is the fresh worker.
 """
 
 from __future__ import annotations
@@ -25,16 +29,23 @@ import torch
 
 from explorer.errors import ExplorerError, TrialFailed
 from explorer.executors import Executor, TrialCallback
+from explorer.executors.devices import DevicePool, Execution, local_execution
+from explorer.faults import Fault
 from explorer.study import STORAGE_ERRORS, Study
 from explorer.study.storage import storage_of
 
 
 class LocalExecutor(Executor):
+    def prepare(self, study: Study) -> Execution:
+        self.execution = local_execution(study)
+        return self.execution
+
     def run(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None = None) -> None:
-        interrupts = _Interrupts(in_threads=study.spec.executor.n_jobs > 1)
+        execution = self.settle(study, ostudy)
+        interrupts = _Interrupts(in_threads=execution.slots > 1)
         try:
             with interrupts.installed(), _quiet_heartbeat_faults():
-                self._run(study, ostudy, on_trial, interrupts)
+                self._run(study, ostudy, on_trial, interrupts, execution)
         except STORAGE_ERRORS as err:  # locked past the timeout, read-only, full, corrupt: finished trials stay stored
             raise study.store.error(err) from None
         except UnboundLocalError as err:  # Optuna's tell lost the storage, then its cleanup read an unset state
@@ -45,11 +56,13 @@ class LocalExecutor(Executor):
         if interrupts.requested:
             raise KeyboardInterrupt
 
-    def _run(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None, interrupts: _Interrupts) -> None:
+    def _run(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None, interrupts: _Interrupts,
+             execution: Execution) -> None:
         study.queue.replicates(ostudy)  # a resumed study queues the replicates it still lacks
         if _done(study, ostudy):
             return
         metric = study.task.metric
+        pool, broken = DevicePool(execution), []
         torch.set_num_threads(max(1, int(study.spec.executor.cpu)))  # CPUs per trial, as Ray would allot
 
         def objective(trial: optuna.Trial) -> list[float]:
@@ -74,8 +87,13 @@ class LocalExecutor(Executor):
                     raise optuna.TrialPruned(f"{metric} {value:.4g} at epoch {epoch + 1}: pruned ({study.spec.pruner.name})")
 
             try:
-                with interrupts.armed():
-                    attrs = study.evaluator.evaluate(cfg, study.lineage(frozen), on_epoch, seed=study.seed_of(trial))
+                with interrupts.armed(), pool.lease(alone=bool(frozen.user_attrs.get("alone"))) as lease:
+                    attrs = study.evaluator.evaluate(cfg, study.lineage(frozen), on_epoch, lease.device, seed=study.seed_of(trial),
+                                                     shared=lambda: lease.shared)
+            except Fault as err:  # not a measurement: queued again (past executor.max_failures it fails by itself)
+                study.evaluator.fault(ostudy, trial, err)
+                broken.extend([f"trial {trial.number} ({cfg.key}): {err}"] if err.broken else [])
+                raise
             except (TrialFailed, ExplorerError) as err:  # ExplorerError: the study's data is bad; it stops the study
                 trial.set_user_attr("fail_reason", str(err))
                 raise
@@ -92,13 +110,17 @@ class LocalExecutor(Executor):
                 study.queue.replicates(s)
             if on_trial is not None:
                 on_trial(s, t)
-            if interrupts.requested or _done(study, s) or study.reads.too_many_failures(s) or not slots.reserve(study.queue.unstarted(s)):
+            if (interrupts.requested or broken or _done(study, s) or study.reads.too_many_failures(s)
+                    or not slots.reserve(study.queue.unstarted(s))):
                 s.stop()
 
         while True:  # a round of replicates may be queued after the last trial stopped the study
             slots = _Slots()
-            jobs = min(study.spec.executor.n_jobs, max(1, study.queue.unstarted(ostudy)))
-            ostudy.optimize(objective, callbacks=[after], catch=(TrialFailed,), gc_after_trial=False, n_jobs=jobs)
+            jobs = min(execution.slots, max(1, study.queue.unstarted(ostudy)))
+            ostudy.optimize(objective, callbacks=[after], catch=(TrialFailed, Fault), gc_after_trial=False, n_jobs=jobs)
+            if broken:  # no later trial may use this process's CUDA context: the next run is the fresh worker
+                raise ExplorerError(f"{broken[0]}; this process's CUDA context is unusable, so the run stops: the trial is "
+                                    f"queued again, continue with: explorer resume {study.source}")
             if interrupts.requested or study.reads.too_many_failures(ostudy):
                 break
             study.queue.replicates(ostudy)

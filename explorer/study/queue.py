@@ -88,11 +88,11 @@ class Queue:
             if key not in alive and key in self.study.configs and n < MAX_WORKER_DEATHS:
                 ostudy.enqueue_trial({"arch": key}, user_attrs={"requeued_after_deaths": n})
 
-    def requeue(self, ostudy: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        """Queue a trial that did not finish (interrupted, reclaimed) again: its retry resumes its checkpoint,
-        at its seed (a replicate stays one)."""
-        kept = {k: trial.user_attrs[k] for k in ("seed", "replicate", "verify") if k in trial.user_attrs}
-        ostudy.enqueue_trial(trial.params, user_attrs={**kept, "retry_of": self.study.lineage(trial)})
+    def requeue(self, ostudy: optuna.Study, trial: optuna.trial.FrozenTrial, alone: bool = False) -> None:
+        """Queue a trial that did not finish (interrupted, reclaimed, a fault) again: its retry resumes its
+        checkpoint, at its seed (a replicate stays one); `alone`: on a device of its own (explorer.faults)."""
+        kept = {k: trial.user_attrs[k] for k in ("seed", "replicate", "verify", "alone") if k in trial.user_attrs}
+        ostudy.enqueue_trial(trial.params, user_attrs={**kept, **({"alone": True} if alone else {}), "retry_of": self.study.lineage(trial)})
 
     def reclaim_running(self, ostudy: optuna.Study) -> list[int]:
         """Mark RUNNING trials failed and queue their configurations again.
