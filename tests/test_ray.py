@@ -27,7 +27,9 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from explorer.executors.local import LocalExecutor  # noqa: E402
 from explorer.errors import ExplorerError  # noqa: E402
-from explorer.executors.ray_tune import RayExecutor, _Link, experiment_root, make_tuner, restore_tuner, trial_device  # noqa: E402
+from explorer.executors.ray_bridge import _Link  # noqa: E402
+from explorer.executors.ray_tune import RayExecutor, experiment_root, make_tuner, restore_tuner, trial_device  # noqa: E402
+from explorer.faults import Fault  # noqa: E402
 from explorer.frame import trials_frame  # noqa: E402
 from explorer.pruning import Peer  # noqa: E402
 from explorer.study import load_study_spec  # noqa: E402
@@ -62,9 +64,13 @@ def finished(ostudy: optuna.Study) -> dict[int, tuple]:
     return {t.number: (t.params["arch"], tuple(t.values), t.user_attrs["accuracy"]) for t in ostudy.get_trials(states=(COMPLETE,))}
 
 
-def test_trial_device_is_the_gpu_ray_assigned() -> None:
+def test_trial_device_is_the_gpu_ray_assigned_and_never_the_cpu_instead(monkeypatch: pytest.MonkeyPatch) -> None:
     assert trial_device([]) == "cpu"
-    assert trial_device(["0"]) == "cuda"  # Ray narrows CUDA_VISIBLE_DEVICES to the trial's GPU
+    with pytest.raises(Fault, match=r"Ray assigned GPU 0 on node .*, but torch there sees no CUDA device") as err:
+        trial_device(["0"])  # no GPU here: a node whose torch cannot see the GPU Ray gave is a fault, retried elsewhere
+    assert err.value.broken
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    assert trial_device(["0"]) == "cuda:0"  # Ray narrows CUDA_VISIBLE_DEVICES to the trial's GPU
 
 
 def test_a_trial_stopped_by_ray_leaves_no_checkpoint_to_resume(tiny_study: Path) -> None:
@@ -117,7 +123,7 @@ def test_trials_run_after_the_study_files_are_moved_away_and_tune_knows_the_best
         (tmp_path / name).rename(moved / name)
     link = _Link(study, ostudy)
     try:
-        results = make_tuner(study, link, "moved").fit()
+        results = make_tuner(study, link, "moved", RayExecutor().settle(study, ostudy)).fit()
     finally:
         link.release()
     done = ostudy.get_trials(states=(COMPLETE,))

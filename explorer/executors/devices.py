@@ -81,18 +81,46 @@ def per_gpu(gpu: float) -> int:
     return max(1, math.floor(1 / gpu + 1e-9))
 
 
+def visible_gpus() -> list[str]:
+    """The names of the GPUs torch sees here (those CUDA_VISIBLE_DEVICES leaves), in torch's order."""
+    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+
+
 def local_execution(study: Study) -> Execution:
     """This machine's devices for `study`: its GPUs (as torch sees them) or its CPU."""
     spec, source = study.spec.executor, str(study.source)
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    visible = visible_gpus()
+    gpus = len(visible)
     device, gpu = resolve(spec, gpus, "this machine", source)
     bf16 = study.spec.budget.bf16
     if device == "cpu":
         return Execution("cpu", precision("cpu", bf16), 0.0, spec.n_jobs or 1, "this machine's CPU")
-    names = Counter(torch.cuda.get_device_name(i) for i in range(gpus))
+    names = Counter(visible)
     where = f"{gpus} GPU{'s' if gpus > 1 else ''} ({', '.join(f'{n}x {name}' if n > 1 else name for name, n in names.items())})"
     slots = gpus * per_gpu(gpu)
     return Execution("cuda", precision("cuda", bf16), gpu, min(spec.n_jobs or slots, slots), where)
+
+
+def cluster_execution(study: Study, nodes: list[dict[str, float]]) -> Execution:
+    """A Ray cluster's devices for `study`, from its alive nodes' resources (`ray.nodes()`): GPUs if it has
+    any (`device: auto`), and as many trials at once as its nodes hold, or `max_concurrent` if fewer.
+
+    A trial no node can hold is one line now: Ray would leave it pending, saying so only in a log file.
+    """
+    spec, source = study.spec.executor, str(study.source)
+    gpus = sum(n.get("GPU", 0.0) for n in nodes)
+    device, gpu = resolve(spec, math.ceil(gpus), "the Ray cluster", source)
+    fits = [min(math.floor(n.get("CPU", 0.0) / spec.cpu + 1e-9),
+                math.floor(n.get("GPU", 0.0) / gpu + 1e-9) if gpu else math.inf) for n in nodes]
+    capacity = int(sum(fits))
+    if capacity == 0:
+        have = "; ".join(f"{n.get('CPU', 0):g} CPUs, {n.get('GPU', 0):g} GPUs" for n in nodes) or "none alive"
+        raise ExplorerError(f"a trial asks for {spec.cpu:g} CPUs{f' and {gpu:g} GPU' if gpu else ''}, and no node of the Ray "
+                            f"cluster has that (its nodes: {have}); lower executor.cpu or add a node that has it",
+                            source=source, field="executor.gpu" if gpu else "executor.cpu")
+    kind = f"{gpus:g} GPUs" if device == "cuda" else f"{sum(n.get('CPU', 0.0) for n in nodes):g} CPUs"
+    where = f"the Ray cluster's {kind} on {len(nodes)} node{'s' if len(nodes) != 1 else ''}"
+    return Execution(device, precision(device, study.spec.budget.bf16), gpu, min(spec.max_concurrent or capacity, capacity), where)
 
 
 class DevicePool:
@@ -106,7 +134,7 @@ class DevicePool:
 
     def __init__(self, execution: Execution, gpus: int | None = None):
         self.execution = execution
-        count = gpus if gpus is not None else (torch.cuda.device_count() if execution.device == "cuda" else 0)
+        count = gpus if gpus is not None else (len(visible_gpus()) if execution.device == "cuda" else 0)
         self.capacity = per_gpu(execution.gpu) if execution.device == "cuda" else 0
         self._held: list[list[Lease]] = [[] for _ in range(count)]
         self._alone: list[bool] = [False] * count
@@ -172,4 +200,6 @@ def settle_class(study: Study, ostudy: optuna.Study, execution: Execution, force
                             "two execution classes are never compared)", source=str(study.source), field="executor.device")
     if stored != execution.name:
         ostudy.set_user_attr(CLASS, execution.name)
+        if others:  # forced: a grid queues its configurations again, none being measured under this class
+            study.queue.grid(ostudy)
     study.evaluator.execution = execution.name

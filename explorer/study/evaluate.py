@@ -74,13 +74,14 @@ class Evaluator:
 
     def evaluate(self, cfg: Config, lineage: int, on_epoch: Callable[[int, dict[str, float]], None] | None = None,
                  device: str | None = None, checkpoint_dir: Path | None = None, seed: int | None = None,
-                 shared: bool = False) -> dict[str, Any]:
+                 shared: bool | Callable[[], bool] = False) -> dict[str, Any]:
         """Train `cfg` at `seed` (default: the first) as trial `lineage` (resuming its own checkpoint if a
         killed run left one) and return its attributes.
 
         A failure of the configuration (NaN loss, an error in the model, running past `trial_timeout_s`,
         out of memory alone on its device) becomes `TrialFailed(reason)`, so the study goes on; a fault
-        (a broken CUDA context; out of memory while other trials `shared` the device) becomes `Fault`, and
+        (a broken CUDA context; out of memory while other trials `shared` the device: a flag, or a callable asked
+        when it happens) becomes `Fault`, and
         its checkpoint stays for the retry to resume (explorer.faults). An `ExplorerError` (the task's
         data is bad) is the study's, not the trial's, and stops it; pruning and interrupts pass through.
         A pruned or stopped trial (Ray Tune ends a stopped trial's thread with SystemExit) leaves no
@@ -104,7 +105,7 @@ class Evaluator:
             checkpoints.remove(ckpt)
             raise
         except Exception as err:
-            failure = classify(err, shared=shared)
+            failure = classify(err, shared=shared() if callable(shared) else shared)
             if not isinstance(failure, Fault):  # a fault keeps its checkpoint: its retry resumes it
                 checkpoints.remove(ckpt)
             if failure is err:
