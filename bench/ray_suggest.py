@@ -21,6 +21,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import optuna
@@ -94,6 +95,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs=2, default=[100, 2000])
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
+    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
     load = os.getloadavg()[0]
     small, large = (latencies(n, args.running, args.calls) for n in args.sizes)
     print(f"Ray driver per trial, {args.running} running, median of {args.calls} calls; {os.cpu_count()} CPUs, "

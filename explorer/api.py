@@ -73,26 +73,24 @@ class Experiment:
             verbose: bool = False) -> Experiment:
         """Create the study or continue the stored one until it has `n_trials` finished trials.
 
-        `executor` ("local" or "ray"), `address` (a Ray cluster) and `device` ("auto", "cpu", "cuda")
-        override the spec; the devices are resolved before the storage opens (one line if they cannot be
-        had); `force` continues a stored study whose space, task, budget or execution class (a CPU study
-        run on GPUs) changed; `resume` requires the study to exist; `reclaim` fails and re-queues trials left RUNNING (no other worker alive);
+        `executor` ("local" or "ray"), `address` (a Ray cluster) and `device` (auto, cpu, cuda: resolved before
+        the storage opens) override the spec; `force` continues a stored study whose space, task, budget or
+        execution class changed; `resume` requires the study to exist; `reclaim` fails and re-queues trials left RUNNING (no other worker alive);
         `retry_failed` queues again every configuration whose trials all failed by themselves;
         `on_start(started)` runs once the storage is open, `on_trial(study, trial)` after each trial.
         Optuna's own log lines show only with `verbose`. A KeyboardInterrupt propagates once every
         finished trial is stored.
         """
-        self._override(executor, address, device)
+        self._override(name=executor, address=address, device=device)
         study = self.study
         with quiet(verbose):
-            runner = get_executor(study.spec.executor.name)
-            execution = runner.prepare(study)
+            (runner := get_executor(study.spec.executor.name)).prepare(study)  # devices that cannot be had: nothing written
             ostudy = study.open(create=not resume, force=force)
-            runner.settle(study, ostudy, force)
+            execution = runner.settle(study, ostudy, force)
             reclaimed = study.queue.reclaim_running(ostudy) if reclaim else []
             retried = study.queue.retry_failed(ostudy) if retry_failed else []
             if on_start is not None:
-                on_start(Started(ostudy, reclaimed, retried, self._grid_note(), execution.line(study.spec.budget.bf16)))
+                on_start(Started(ostudy, reclaimed, retried, _grid_note(study), execution.line(study.spec.budget.bf16)))
             self._ran = ostudy
             runner.run(study, ostudy, on_trial)
         return self
@@ -103,17 +101,10 @@ class Experiment:
             return f"stopped: the sampler proposed only measured configurations {MAX_DUPLICATE_RUN} times in a row"
         return None
 
-    def _grid_note(self) -> str | None:
-        spec, size = self.study.spec, len(self.study.configs)
-        if spec.sampler.name != "grid" or spec.n_trials >= size:
-            return None
-        return (f"grid of {size} configurations, n_trials {spec.n_trials}: trains {spec.n_trials} spread over the grid "
-                "(its queue is in farthest-point order); raise n_trials to run the rest")
-
-    def _override(self, executor: str | None, address: str | None, device: str | None = None) -> None:
-        spec = self.study.spec
-        if executor is not None or address is not None or device is not None:
-            changes = {k: v for k, v in {"name": executor, "address": address, "device": device}.items() if v is not None}
+    def _override(self, **executor: str | None) -> None:
+        """The spec's `executor` with the given fields (those not None) changed, validated."""
+        spec, changes = self.study.spec, {k: v for k, v in executor.items() if v is not None}
+        if changes:
             try:
                 spec.executor = ExecutorSpec.model_validate({**spec.executor.model_dump(), **changes})
             except ValidationError as err:
@@ -245,6 +236,14 @@ class Experiment:
     def dashboard(self, out: str | Path | None = None) -> Path:
         """Write the self-contained HTML dashboard; returns its path."""
         return dashboard([self.study.source], out)
+
+
+def _grid_note(study: Study) -> str | None:
+    spec, size = study.spec, len(study.configs)
+    if spec.sampler.name != "grid" or spec.n_trials >= size:
+        return None
+    return (f"grid of {size} configurations, n_trials {spec.n_trials}: trains {spec.n_trials} spread over the grid "
+            "(its queue is in farthest-point order); raise n_trials to run the rest")
 
 
 def _with_free_dims(study: Study, table: pd.DataFrame) -> pd.DataFrame:

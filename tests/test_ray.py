@@ -42,12 +42,21 @@ RAY = {"name": "ray", "cpu": 1, "max_concurrent": 2, "max_failures": 2, "storage
 FOUR = {**TINY_SPACE, "free": {"layers": [1, 2], "heads": [1, 2]}}  # a grid of 4: a re-queued config must run
 
 
+FAULTS = TINY_SPACE | {"family": "faulty:FaultyEncoder", "free": {"layers": [1, 2], "heads": [1]}}  # tests/faulty.py
+
+
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    """A head and a worker node, one CPU each: trials run on both."""
+def fault_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("faults")
+
+
+@pytest.fixture(scope="module")
+def cluster(fault_dir: Path) -> Iterator[Cluster]:
+    """A head and a worker node, one CPU each: trials run on both. Its workers import tests/faulty.py."""
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     c.add_node(num_cpus=1)
-    ray.init(address=c.address, logging_level="WARNING")
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parent), "EXPLORER_TEST_FAULT_DIR": str(fault_dir)}
+    ray.init(address=c.address, logging_level="WARNING", runtime_env={"env_vars": env})
     yield c
     ray.shutdown()
     c.shutdown()
@@ -208,6 +217,46 @@ def test_killed_worker_is_retried_from_its_checkpoint(cluster: Cluster, tmp_path
     assert len(retried) == 1
     after_kill = [e for pid, e in retried[0] if pid != killed[0] and e is not None]
     assert after_kill and after_kill[0] > 1  # resumed from its checkpoint, not from epoch 1
+
+
+@pytest.mark.slow
+def test_a_broken_cuda_context_is_retried_by_ray_on_a_fresh_worker_and_never_measured(
+        cluster: Cluster, tmp_path: Path, fault_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An illegal memory access in epoch 2: before, the trial was reported as a result (FAILED, measured, never
+    retried) and its worker, CUDA context broken, was kept for later trials (reuse_actors). Now it is a Ray error:
+    Ray retries it in a new worker process, from its epoch-1 checkpoint, and the study records the fault."""
+    monkeypatch.setenv("EXPLORER_TEST_FAULT_DIR", str(fault_dir))
+    import faulty
+
+    faulty.arm("illegal")
+    path = write_study(tmp_path, FAULTS, n_trials=2, budget={"epochs": 3, "batch_size": 64, "lr": 0.003, "seed": 0}, executor=RAY)
+    ostudy = run(path, "ray")
+    done = ostudy.get_trials(states=(COMPLETE,))
+    assert len(done) == 2 and not ostudy.get_trials(states=(FAIL,)) and not faulty.armed()
+    (hit,) = [t for t in done if "faults" in t.user_attrs]
+    (reason,) = hit.user_attrs["faults"]
+    assert re.match(r"AcceleratorError: CUDA error: an illegal memory access was encountered \(Ray node [\d.]+, pid \d+\)$", reason)
+    assert len(hit.user_attrs["curve"]) == 3 and "fail_reason" not in hit.user_attrs
+    rows = [json.loads(line) for line in _result_lines(load_study_spec(path))]
+    (trial_id,) = {r["trial_id"] for r in rows if "fault" in r}
+    pids = [(r["pid"], r.get("epoch")) for r in rows if r["trial_id"] == trial_id]
+    faulted_pid = int(reason.rsplit("pid ", 1)[1].rstrip(")"))
+    after = [epoch for pid, epoch in pids if pid != faulted_pid and epoch]
+    assert after and after[0] == 2  # a fresh worker, resuming after epoch 1's checkpoint
+
+
+@pytest.mark.slow
+def test_checkpoints_reach_ray_only_as_often_as_asked(cluster: Cluster, tmp_path: Path) -> None:
+    """Before, every epoch's report carried a checkpoint, which Ray copies to storage_path. With the default
+    `checkpoint_every_s` (30 s) trials this short hand Ray none; with 0, one an epoch."""
+    budget = {"epochs": 3, "batch_size": 128, "lr": 0.003, "seed": 0}
+    for every, expected in ((30, 0), (0, 3)):
+        folder = tmp_path / str(every)
+        run(write_study(folder, n_trials=1, budget=budget, executor={**RAY, "checkpoint_every_s": every}), "ray")
+        saved = list((folder / "ray-results").rglob("checkpoint_0*"))
+        rows = [json.loads(line) for f in (folder / "ray-results").glob("*/*/result.json") for line in f.read_text().splitlines()]
+        assert sum(r.get("should_checkpoint", False) or bool(r.get("checkpoint_dir_name")) for r in rows) == expected, rows
+        assert len(saved) == min(expected, 2)  # Tune keeps the last 2
 
 
 def _kill_worker_after_epoch_2(study, killed: list[int]) -> None:

@@ -115,9 +115,10 @@ def cluster_execution(study: Study, nodes: list[dict[str, float]]) -> Execution:
     capacity = int(sum(fits))
     if capacity == 0:
         have = "; ".join(f"{n.get('CPU', 0):g} CPUs, {n.get('GPU', 0):g} GPUs" for n in nodes) or "none alive"
+        short = "gpu" if gpu and not any(n.get("GPU", 0.0) >= gpu for n in nodes) else "cpu"
         raise ExplorerError(f"a trial asks for {spec.cpu:g} CPUs{f' and {gpu:g} GPU' if gpu else ''}, and no node of the Ray "
-                            f"cluster has that (its nodes: {have}); lower executor.cpu or add a node that has it",
-                            source=source, field="executor.gpu" if gpu else "executor.cpu")
+                            f"cluster has that (its nodes: {have}); lower executor.{short} or add a node that has it",
+                            source=source, field=f"executor.{short}")
     kind = f"{gpus:g} GPUs" if device == "cuda" else f"{sum(n.get('CPU', 0.0) for n in nodes):g} CPUs"
     where = f"the Ray cluster's {kind} on {len(nodes)} node{'s' if len(nodes) != 1 else ''}"
     return Execution(device, precision(device, study.spec.budget.bf16), gpu, min(spec.max_concurrent or capacity, capacity), where)
