@@ -256,11 +256,14 @@ def _with_free_dims(study: Study, table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _states(frame: pd.DataFrame) -> dict[str, int]:
-    """Trials by state, an interrupted trial (Ctrl-C; its configuration is queued again) apart from failures."""
+    """Trials by state, an interrupted trial (Ctrl-C; its configuration is queued again) and a fault (explorer.faults:
+    retried, not a measurement) apart from failures."""
     if not len(frame):
         return {}
+    failed = frame["state"] == "FAIL"
     interrupted = frame["interrupted"].notna() if "interrupted" in frame else False
-    return frame["state"].mask((frame["state"] == "FAIL") & interrupted, "INTERRUPTED").value_counts().to_dict()
+    fault = (frame["fault"].notna() & frame["fail_reason"].isna()) if "fault" in frame else False
+    return frame["state"].mask(failed & interrupted, "INTERRUPTED").mask(failed & fault, "FAULT").value_counts().to_dict()
 
 
 @contextmanager

@@ -230,6 +230,7 @@ def test_a_broken_cuda_context_stops_the_run_and_the_trial_is_retried_not_measur
     (faulted,) = ostudy.get_trials(states=(FAIL,))
     assert "fault" in faulted.user_attrs and "fail_reason" not in faulted.user_attrs
     assert study.reads.finished(ostudy) == 0 and study.reads.failures(ostudy) == 0  # not a measurement, not a failure
+    assert explorer.load(path).status().states.get("FAULT") == 1  # `explorer status`: "fault 1"
     assert [t.user_attrs.get("retry_of") for t in ostudy.get_trials(states=(WAITING,)) if "retry_of" in t.user_attrs] == [faulted.number]
     assert (study.checkpoint_dir(study.configs["layers=1,heads=1"], faulted.number) / "checkpoint.pt").exists()  # kept for it
     explorer.load(path).run(resume=True)

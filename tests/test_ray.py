@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -104,6 +105,15 @@ def test_a_study_rebuilt_from_data_reads_no_yaml(tiny_study: Path, tmp_path: Pat
         (tmp_path / name).rename(tmp_path / f"{name}.moved")
     copy = type(study).from_data(data)
     assert copy.keys == study.keys and copy.identity() == study.identity() and copy.store.url == study.store.url
+
+
+def test_a_restored_driver_stamps_trials_with_the_runs_execution_class(tiny_study: Path) -> None:
+    """Tune pickles the searcher with its link; a driver restored from it (`Tuner.restore`) asks trials
+    under the class the run settled (explorer.executors.devices.settle_class), not under none."""
+    study = load_study_spec(tiny_study)
+    study.evaluator.execution = "cuda bfloat16"
+    restored = pickle.loads(pickle.dumps(_Link(study)))
+    assert restored.study().evaluator.execution == "cuda bfloat16"
 
 
 @pytest.mark.slow

@@ -48,6 +48,7 @@ class _Link:
     def __init__(self, study: Study, ostudy: optuna.Study | None = None, on_trial: TrialCallback | None = None):
         self.data = study.to_data()
         self.metric = study.task.metric
+        self.execution = study.evaluator.execution  # the run's class, stamped on each trial at ask (a restored driver too)
         self.open_trials: dict[int, int] = {}  # Optuna trial number -> storage trial id, while RUNNING here
         self._study: Study | None = study
         self._ostudy = ostudy
@@ -55,15 +56,17 @@ class _Link:
         self._beating: threading.Event | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"data": self.data, "metric": self.metric, "open_trials": dict(self.open_trials)}
+        return {"data": self.data, "metric": self.metric, "open_trials": dict(self.open_trials), "execution": self.execution}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.data, self.metric, self.open_trials = state["data"], state["metric"], state["open_trials"]
+        self.execution = state.get("execution")
         self._study = self._ostudy = self.on_trial = self._beating = None
 
     def study(self) -> Study:
         if self._study is None:
             self._study = Study.from_data(self.data)
+            self._study.evaluator.execution = self.execution
         return self._study
 
     def open(self) -> tuple[Study, optuna.Study]:
