@@ -67,15 +67,15 @@ class Experiment:
         """Every place on disk this study reads or writes, resolved (study, space, data, storage, checkpoints)."""
         return self.study.paths()
 
-    def run(self, *, executor: str | None = None, address: str | None = None, force: bool = False,
-            resume: bool = False, reclaim: bool = False, retry_failed: bool = False,
+    def run(self, *, executor: str | None = None, address: str | None = None, device: str | None = None,
+            force: bool = False, resume: bool = False, reclaim: bool = False, retry_failed: bool = False,
             on_start: Callable[[Started], None] | None = None, on_trial: TrialCallback | None = None,
             verbose: bool = False) -> Experiment:
         """Create the study or continue the stored one until it has `n_trials` finished trials.
 
-        `executor` ("local" or "ray") and `address` (a Ray cluster) override the spec; `force`
-        continues a stored study whose space, task or budget changed; `resume` requires the study to
-        exist; `reclaim` fails and re-queues trials left RUNNING (no other worker alive);
+        `executor` ("local" or "ray"), `address` (a Ray cluster) and `device` (auto, cpu, cuda: resolved before
+        the storage opens) override the spec; `force` continues a stored study whose space, task, budget or
+        execution class changed; `resume` requires the study to exist; `reclaim` fails and re-queues trials left RUNNING (no other worker alive);
         `retry_failed` queues again every configuration whose trials all failed by themselves;
         `on_start(started)` runs once the storage is open, `on_trial(study, trial)` after each trial.
         Optuna's own log lines show only with `verbose`. A KeyboardInterrupt propagates once every
@@ -84,15 +84,17 @@ class Experiment:
         from explorer.executors import get_executor
 
         study = self.study
-        _override(study, executor, address)
+        _override(study, name=executor, address=address, device=device)
         with quiet(verbose):
+            (runner := get_executor(study.spec.executor.name)).prepare(study)  # devices that cannot be had: nothing written
             ostudy = study.open(create=not resume, force=force)
+            execution = runner.settle(study, ostudy, force)
             reclaimed = study.queue.reclaim_running(ostudy) if reclaim else []
             retried = study.queue.retry_failed(ostudy) if retry_failed else []
             if on_start is not None:
-                on_start(Started(ostudy, reclaimed, retried, _grid_note(study)))
+                on_start(Started(ostudy, reclaimed, retried, _grid_note(study), execution.line(study.spec.budget.bf16)))
             self._ran = ostudy
-            get_executor(study.spec.executor.name).run(study, ostudy, on_trial)
+            runner.run(study, ostudy, on_trial)
         return self
 
     def stalled(self) -> str | None:
@@ -127,6 +129,7 @@ class Experiment:
             duplicates=len(current_rows(trials_frame(ostudy, duplicates=True), ostudy)) - len(frame),
             seeds=study.seeds, replicates=study.spec.replicates.model_dump(), replicate_runs=runs, replicate_at_max=at_max,
             summary=_with_free_dims(self.study, study.reads.summary(ostudy)), trials=frame, set_aside=study.reads.set_aside(ostudy), free_dims=list(study.space.free_dims), metric=self.metric,
+            classes=study.reads.classes_note(ostudy),
         )
 
     def export(self, target: str | Path, format: str = "csv") -> tuple[Path, Path, int, int]:
@@ -243,13 +246,12 @@ def _grid_note(study: Study) -> str | None:
             "(its queue is in farthest-point order); raise n_trials to run the rest")
 
 
-def _override(study: Study, executor: str | None, address: str | None) -> None:
-    """`run`'s executor and cluster address over the spec's, validated as the YAML's would be."""
+def _override(study: Study, **executor: str | None) -> None:
+    """`run`'s executor fields (those not None: name, address, device) over the spec's, validated as the YAML's would be."""
     from explorer.study import ExecutorSpec
 
-    spec = study.spec
-    if executor is not None or address is not None:
-        changes = {k: v for k, v in {"name": executor, "address": address}.items() if v is not None}
+    spec, changes = study.spec, {k: v for k, v in executor.items() if v is not None}
+    if changes:
         try:
             spec.executor = ExecutorSpec.model_validate({**spec.executor.model_dump(), **changes})
         except ValidationError as err:
@@ -266,11 +268,14 @@ def _with_free_dims(study: Study, table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _states(frame: pd.DataFrame) -> dict[str, int]:
-    """Trials by state, an interrupted trial (Ctrl-C; its configuration is queued again) apart from failures."""
+    """Trials by state, an interrupted trial (Ctrl-C; its configuration is queued again) and a fault (explorer.faults:
+    retried, not a measurement) apart from failures."""
     if not len(frame):
         return {}
+    failed = frame["state"] == "FAIL"
     interrupted = frame["interrupted"].notna() if "interrupted" in frame else False
-    return frame["state"].mask((frame["state"] == "FAIL") & interrupted, "INTERRUPTED").value_counts().to_dict()
+    fault = (frame["fault"].notna() & frame["fail_reason"].isna()) if "fault" in frame else False
+    return frame["state"].mask(failed & interrupted, "INTERRUPTED").mask(failed & fault, "FAULT").value_counts().to_dict()
 
 
 @contextmanager
@@ -298,6 +303,7 @@ class Started:
     reclaimed: list[int]  # trials left RUNNING, failed and queued again (`reclaim`)
     retried: list[str]  # failed configurations queued again (`retry_failed`)
     grid_note: str | None  # a grid study that trains only a prefix of its grid says so
+    execution: str = ""  # what the trials train on, in one line (explorer.executors.devices.Execution.line)
 
 
 @dataclass(frozen=True)
@@ -319,6 +325,7 @@ class Status:
     free_dims: list[str]
     metric: str
     set_aside: int  # trials of an earlier identity (before `run --force` changed the budget, say): kept, not read
+    classes: str | None = None  # trials of more than one execution class (CPU and GPU): which are read, which set aside
 
 
 CONFIG_COLUMNS = ["arch", "layers", "heads", "width", "mlp", "params", "n", "mean", "std", "se", "lo", "hi",

@@ -6,15 +6,15 @@ so that a pruner (Optuna) or a scheduler (Ray Tune) can stop it. It measures the
 condition numbers before and after training (`explorer.conditioning`).
 
 A NaN/inf loss raises `TrialFailed`: the trial fails, the study goes on. With a `checkpoint_dir`
-the run saves its whole state after each epoch and resumes from it, giving the same result on CPU
-as an uninterrupted run.
+the run saves its whole state after an epoch (every epoch, or once `checkpoint_every_s` passed since
+the last save) and resumes from it, giving the same result on CPU as an uninterrupted run.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,8 +27,11 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
+from explorer import checkpoints
+from explorer.checkpoints import CHECKPOINT
 from explorer.conditioning import BlockKappa, attention_condition
-from explorer.errors import ExplorerError, TrialFailed
+from explorer.errors import TrialFailed
+from explorer.faults import OutOfMemory
 from explorer.families import get_family
 from explorer.steps import Compile, Graphed, StepFn, Tally, adamw, autocast, compile_used, model_step, set_tf32
 from explorer.device_data import Batches
@@ -36,7 +39,6 @@ from explorer.tasks import Loader, Task, TaskData
 
 Callback = Callable[[int, dict[str, float]], None]
 
-CHECKPOINT = "checkpoint.pt"
 KAPPA_SAMPLES = 32  # eval samples on which κ is measured: enough for a stable median, cheap to SVD
 _GLOBAL_RNG = threading.Lock()  # held while a trial seeds torch's global RNG and draws its model's initialisation
 NAN_CHECK_EVERY = 50  # on CUDA, steps between the host syncs that look for a non-finite loss
@@ -56,7 +58,7 @@ class Budget(BaseModel):
     weight_decay: float = Field(0.05, ge=0)
     warmup_frac: float = Field(0.1, ge=0, le=1)
     grad_clip: float | None = Field(1.0, gt=0)
-    bf16: bool = True  # autocast to bfloat16, on CUDA only
+    bf16: bool = True  # autocast to bfloat16, on CUDA only (a CPU trains in float32 and records so: `precision`)
     tf32: bool = False  # TF32 for float32 matmuls and convolutions, on CUDA only (explorer.steps.set_tf32)
     compile: Compile = "none"  # how a step runs: none | compile | cudagraphs (explorer.steps)
     seed_batch: Literal["auto", "on", "off"] = "auto"  # a configuration's seeds trained as one model (explorer.seedbatch)
@@ -106,10 +108,21 @@ class TrialResult:
     compile: Compile = "none"  # how its steps ran (explorer.steps.compile_used)
     tf32: bool = False
     seed_batch: int = 1  # how many seeds of its configuration trained with it as one model
+    device_name: str = "CPU"  # torch.cuda.get_device_name on CUDA
+    precision: str = "float32"  # what the forward ran in (`precision`)
 
 
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def precision(device: str, bf16: bool) -> str:
+    """What a trial's forward runs in on `device`: bfloat16 autocast on CUDA when `bf16`, else float32."""
+    return "bfloat16" if bf16 and device.startswith("cuda") else "float32"
+
+
+def device_name(device: str) -> str:
+    return torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else "CPU"
 
 
 def run_trial(
@@ -120,21 +133,39 @@ def run_trial(
     callback: Callback | None = None,
     checkpoint_dir: Path | None = None,
     device: str | None = None,
+    checkpoint_every_s: float = 0.0,
 ) -> TrialResult:
     """Train `family` at `dims` on `task` within `budget`; report each epoch to `callback`.
 
     `callback(epoch, metrics)` runs after each epoch's evaluation (epochs count from 0; metrics hold
     the task's metric, `eval_loss`, `train_loss`, and `perplexity` for an LM); what it raises (e.g.
-    `optuna.TrialPruned`) propagates. Raises `TrialFailed` on a non-finite loss or when the device
-    runs out of memory anywhere in the trial (building, κ, training). κ is measured on the first
-    KAPPA_SAMPLES inputs of the eval split, before and after training.
+    `optuna.TrialPruned`) propagates. Raises `TrialFailed` on a non-finite loss, and `OutOfMemory` (a
+    `TrialFailed` saying how much memory the trial needed) when the device runs out of memory anywhere
+    in the trial (building, κ, training). κ is measured on the first KAPPA_SAMPLES inputs of the eval
+    split, before and after training. A checkpoint is written after an epoch once `checkpoint_every_s`
+    passed since the last one (0: every epoch).
     """
     device = device or default_device()
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats(device)  # what the trial needed, if it runs out of memory
     try:
-        return _run(family, dims, task, budget, callback, checkpoint_dir, device)
+        return _run(family, dims, task, budget, callback, checkpoint_dir, device, checkpoint_every_s)
     except torch.OutOfMemoryError as err:
-        reason = f"out of memory on {device}: {str(err).splitlines()[0]}"
-    raise TrialFailed(reason)  # raised outside the handler, so the traceback no longer pins GPU memory
+        reason = f"out of memory on {device}: {_memory_needed(device, str(err))}{str(err).splitlines()[0]}"
+    raise OutOfMemory(reason)  # raised outside the handler, so the traceback no longer pins GPU memory
+
+
+def _memory_needed(device: str, message: str) -> str:
+    """On CUDA, what the trial needed against what the device has (its peak, or what it held plus what it
+    asked for when it ran out), to say why it cannot run here; '' elsewhere."""
+    if not device.startswith("cuda"):
+        return ""
+    units = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+    asked = re.search(r"Tried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)", message)
+    held = torch.cuda.memory_allocated(device) + (float(asked.group(1)) * units[asked.group(2)] if asked else 0)
+    needed = max(torch.cuda.max_memory_allocated(device), held)
+    total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    return f"it needed more than {needed / 2**30:.2f} GiB of the {total / 2**30:.2f} GiB of {device_name(device)}; "
 
 
 def build_model(family: str, dims: dict[str, Any], seed: int) -> nn.Module:
@@ -152,6 +183,7 @@ def _run(
     callback: Callback | None,
     checkpoint_dir: Path | None,
     device: str,
+    checkpoint_every_s: float,
 ) -> TrialResult:
     """`run_trial`'s body: build, measure κ, train, measure κ again (any of them may run out of memory)."""
     model = build_model(family, dims, budget.seed).to(device)
@@ -172,14 +204,18 @@ def _run(
     )
 
     path = Path(checkpoint_dir) / CHECKPOINT if checkpoint_dir is not None else None
+    parts, owner = checkpoints.Parts(model, optimizer, scheduler, data.train), {"family": family, "dims": dict(dims)}
     if path is not None and path.exists():
-        state = _resume(path, family, dims, model, optimizer, scheduler, data.train)
+        state = _State(**checkpoints.load(path, owner, parts, device, _GLOBAL_RNG))
     else:
         state = _State(kappa_init=attention_condition(model, probe))
+    last_save = time.monotonic()
 
     def checkpoint() -> None:
-        if path is not None:
-            _save(path, family, dims, model, optimizer, scheduler, data.train, state)
+        nonlocal last_save
+        if path is not None and time.monotonic() - last_save >= checkpoint_every_s:
+            checkpoints.save(path, owner, parts, vars(state), device)
+            last_save = time.monotonic()
 
     _fit(model, mode, data, optimizer, scheduler, budget, device, task, state, total_steps, callback, checkpoint)
     return TrialResult(
@@ -194,6 +230,8 @@ def _run(
         device=device,
         compile=mode,
         tf32=budget.tf32,
+        device_name=device_name(device),
+        precision=precision(device, budget.bf16),
     )
 
 
@@ -341,67 +379,3 @@ def _set_epoch(loader: Loader, epoch: int) -> None:
     for sampler in samplers:
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
-
-
-def _rng_state(loader: Loader) -> dict[str, Any]:
-    generator = getattr(loader, "generator", None)  # a DataLoader's; Batches draw from (seed, epoch) alone
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "loader": generator.get_state() if generator is not None else None,
-    }
-
-
-def _set_rng_state(rng: dict[str, Any], loader: Loader) -> None:
-    torch.set_rng_state(rng["torch"])
-    if rng["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
-    generator = getattr(loader, "generator", None)
-    if rng["loader"] is not None and generator is not None:
-        generator.set_state(rng["loader"])
-
-
-def _save(
-    path: Path,
-    family: str,
-    dims: dict[str, Any],
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    loader: Loader,
-    state: _State,
-) -> None:
-    """Write the checkpoint atomically: a crash mid-write leaves the previous one intact."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "config": {"family": family, "dims": dict(dims)},
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "rng": _rng_state(loader),
-        "state": vars(state),
-    }
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
-
-
-def _resume(
-    path: Path,
-    family: str,
-    dims: dict[str, Any],
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    loader: Loader,
-) -> _State:
-    payload = torch.load(path, map_location="cpu", weights_only=True)
-    if payload["config"] != {"family": family, "dims": dict(dims)}:
-        raise ExplorerError(
-            f"checkpoint is of {payload['config']}, not of this trial's configuration", source=str(path)
-        )
-    model.load_state_dict(payload["model"])
-    optimizer.load_state_dict(payload["optimizer"])
-    scheduler.load_state_dict(payload["scheduler"])
-    _set_rng_state(payload["rng"], loader)
-    return _State(**payload["state"])

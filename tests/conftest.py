@@ -85,6 +85,9 @@ def tiny_study_doc(**overrides) -> dict:
         "sampler": {"name": "grid", "seed": 0},
         "n_trials": 6,
         "heartbeat_s": 1,
+        # a checkpoint after every epoch: tests kill and resume trials mid-way (the default, one at most
+        # every 30 s, writes none in trials this short)
+        "executor": {"checkpoint_every_s": 0},
     }
     doc.update(overrides)
     return doc

@@ -235,7 +235,7 @@ def test_a_live_trial_failed_by_another_worker_stops_unrecorded_and_its_retry_re
     epochs_seen: list[int] = []
     evaluate = study.evaluator.evaluate
 
-    def watched(cfg, lineage, on_epoch=None, **kwargs):
+    def watched(cfg, lineage, on_epoch=None, *args, **kwargs):
         def seen(epoch, metrics):
             epochs_seen.append(epoch)
             if len(epochs_seen) == 1:  # the other worker fails this trial as dead, and queues its retry
@@ -243,7 +243,7 @@ def test_a_live_trial_failed_by_another_worker_stops_unrecorded_and_its_retry_re
                 storage_of(other_ostudy).set_trial_state_values(trial_storage_id(running), FAIL)
                 other.queue.requeue_dead(other_ostudy)
             on_epoch(epoch, metrics)
-        return evaluate(cfg, lineage, seen, **kwargs)
+        return evaluate(cfg, lineage, seen, *args, **kwargs)
 
     study.evaluator.evaluate = watched
     LocalExecutor().run(study, ostudy)

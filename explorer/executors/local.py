@@ -11,6 +11,10 @@ Ctrl-C interrupts training only: one that lands while a finished trial is record
 lets that record complete and then stops the study, so no finished result is lost. The interrupted
 trial is queued again and resumes from its checkpoint; `run` then raises KeyboardInterrupt for the
 caller to say how to resume.
+
+Each trial trains on the device a `DevicePool` lends it (explorer.executors.devices). A fault
+(explorer.faults) fails the trial without measuring it and queues it again; one that broke the
+process's CUDA context also stops the run, whose next `explorer resume` is the fresh worker.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import torch
 from explorer.errors import ExplorerError, TrialFailed, TrialReclaimed
 from explorer.executors import seedgroups
 from explorer.executors.base import Executor, TrialCallback
+from explorer.executors.devices import DevicePool, Execution, local_execution
+from explorer.faults import Fault
 from explorer.optuna_compat import storage_of, trial_storage_id
 from explorer.space import Config
 from explorer.study import STORAGE_ERRORS, Study
@@ -36,19 +42,26 @@ _RUNNING, _FAIL, _PRUNED = optuna.trial.TrialState.RUNNING, optuna.trial.TrialSt
 
 
 class LocalExecutor(Executor):
+    def prepare(self, study: Study) -> Execution:
+        self.execution = local_execution(study)
+        return self.execution
+
     def run(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None = None) -> None:
-        n_jobs = study.spec.executor.n_jobs
-        interrupts = _Interrupts(in_threads=n_jobs > 1)
+        execution = self.settle(study, ostudy)
+        interrupts = _Interrupts(in_threads=execution.slots > 1)
         torch.set_num_threads(max(1, int(study.spec.executor.cpu)))  # CPUs per trial, as Ray would allot
-        worker = _Worker(study, ostudy, on_trial, interrupts)
+        worker = _Worker(study, ostudy, on_trial, interrupts, DevicePool(execution))
         try:
             with interrupts.installed():
-                if n_jobs == 1:
+                if execution.slots == 1:
                     worker.loop()
                 else:
-                    worker.in_threads(n_jobs)
+                    worker.in_threads(execution.slots)
         except STORAGE_ERRORS as err:  # locked past the timeout, read-only, full, corrupt: finished trials stay stored
             raise study.store.error(err) from None
+        if worker.broken:  # no later trial may use this process's CUDA context: the next run is the fresh worker
+            raise ExplorerError(f"{worker.broken[0]}; this process's CUDA context is unusable, so the run stops: the trial is "
+                                f"queued again, continue with: explorer resume {study.source}")
         if interrupts.requested:
             raise KeyboardInterrupt
         if study.reads.too_many_failures(ostudy):
@@ -59,9 +72,11 @@ class LocalExecutor(Executor):
 class _Worker:
     """The loop every thread of this process runs, and what stops them all."""
 
-    def __init__(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None, interrupts: _Interrupts):
-        self.study, self.ostudy, self.on_trial, self.interrupts = study, ostudy, on_trial, interrupts
-        self.stop = interrupts.wake  # set by Ctrl-C, too many failures, or a thread's study error
+    def __init__(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None, interrupts: _Interrupts,
+                 pool: DevicePool):
+        self.study, self.ostudy, self.on_trial, self.interrupts, self.pool = study, ostudy, on_trial, interrupts, pool
+        self.stop = interrupts.wake  # set by Ctrl-C, too many failures, a broken CUDA context, or a thread's study error
+        self.broken: list[str] = []  # faults that broke this process's CUDA context
 
     def in_threads(self, n: int) -> None:
         errors: list[BaseException] = []
@@ -111,12 +126,24 @@ class _Worker:
         trial.set_user_attr("config", cfg.dims)
         trial.set_user_attr("params", cfg.params)
         stored = storage_of(ostudy).get_trial(trial_storage_id(trial))
-        group = seedgroups.claim(study, ostudy, trial, cfg)
+        alone = bool(stored.user_attrs.get("alone"))  # out of memory beside others once: a device of its own
         try:
-            with interrupts.armed():
-                attrs = seedgroups.train_together(study, ostudy, trial, cfg, group, self.reporter, self.ended) if group else None
-                if attrs is None:
-                    attrs = study.evaluator.evaluate(cfg, study.lineage(stored), self.reporter(trial), seed=study.seed_of(trial))
+            with self.pool.lease(alone=alone) as lease:
+                group = [] if alone else seedgroups.claim(study, ostudy, trial, cfg, lease.device)
+                with interrupts.armed():
+                    attrs = (seedgroups.train_together(study, ostudy, trial, cfg, group, self.reporter, self.ended, lease.device)
+                             if group else None)
+                    if attrs is None:
+                        attrs = study.evaluator.evaluate(cfg, study.lineage(stored), self.reporter(trial), lease.device,
+                                                         seed=study.seed_of(trial), shared=lambda: lease.shared)
+        except Fault as err:  # not a measurement: queued again (past executor.max_failures it fails by itself)
+            study.evaluator.fault(ostudy, trial, err)
+            frozen = _tell(ostudy, trial, state=_FAIL)
+            study.queue.requeue_dead(ostudy)
+            if err.broken:
+                self.broken.append(f"trial {trial.number} ({cfg.key}): {err}")
+                self.stop.set()
+            return frozen
         except optuna.TrialPruned:
             return _tell(ostudy, trial, state=_PRUNED)
         except (TrialFailed, ExplorerError) as err:  # ExplorerError: the study's data is bad; it stops the study

@@ -63,7 +63,7 @@ def claim(study: Study, ostudy: optuna.Study, trial: optuna.Trial, cfg: Config, 
 
 
 def train_together(study: Study, ostudy: optuna.Study, trial: optuna.Trial, cfg: Config, claimed: list[optuna.Trial],
-                   on_epoch: OnEpoch, ended: Ended) -> dict[str, Any] | None:
+                   on_epoch: OnEpoch, ended: Ended, device: str | None = None) -> dict[str, Any] | None:
     """Train `trial` and `claimed` as one model; record and end each claimed trial and return `trial`'s
     attributes (raising its failure or pruning as `Evaluator.evaluate` would). None when they cannot train
     as one: then `claimed` have been trained one by one here, and `trial` is the caller's to train."""
@@ -71,10 +71,10 @@ def train_together(study: Study, ostudy: optuna.Study, trial: optuna.Trial, cfg:
     seeds = [study.seed_of(t) for t in trials]
     try:
         with _beating(ostudy, claimed):
-            outcomes = study.evaluator.evaluate_seeds(cfg, seeds, [on_epoch(t) for t in trials])
+            outcomes = study.evaluator.evaluate_seeds(cfg, seeds, [on_epoch(t) for t in trials], device)
     except NotBatchable:
         for t in claimed:
-            _end(study, ostudy, t, _alone(study, ostudy, t, cfg, on_epoch), ended)
+            _end(study, ostudy, t, _alone(study, ostudy, t, cfg, on_epoch, device), ended)
         return None
     except TrialFailed as err:  # past the group's time limit, or an error in the model: every seed's reason
         outcomes = [err] * len(trials)
@@ -91,11 +91,12 @@ def train_together(study: Study, ostudy: optuna.Study, trial: optuna.Trial, cfg:
     return outcomes[0]
 
 
-def _alone(study: Study, ostudy: optuna.Study, trial: optuna.Trial, cfg: Config, on_epoch: OnEpoch) -> dict[str, Any] | BaseException:
+def _alone(study: Study, ostudy: optuna.Study, trial: optuna.Trial, cfg: Config, on_epoch: OnEpoch,
+           device: str | None) -> dict[str, Any] | BaseException:
     with beating(ostudy, trial):
         try:
             lineage = study.lineage(ostudy.get_trials(deepcopy=False)[trial.number])
-            return study.evaluator.evaluate(cfg, lineage, on_epoch(trial), seed=study.seed_of(trial))
+            return study.evaluator.evaluate(cfg, lineage, on_epoch(trial), device, seed=study.seed_of(trial))
         except (TrialFailed, optuna.TrialPruned, TrialReclaimed) as err:
             return err
 

@@ -34,7 +34,7 @@ MAX_WORKER_DEATHS = 5  # a grid configuration whose trial died with its worker t
 MAX_DUPLICATE_RUN = 200  # the sampler proposed only measured configurations this often in a row: the study stops
 _WAITING, _RUNNING, _FAIL = optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.FAIL
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
-_KEPT = ("seed", "replicate", "verify", "retry_of_failed", "came_back")  # what a trial's retry keeps: its seed, and why it runs
+_KEPT = ("seed", "replicate", "verify", "retry_of_failed", "came_back", "alone")  # what a retry keeps: its seed, why it runs, where
 
 
 def arch(t: optuna.trial.FrozenTrial) -> Any:
@@ -99,7 +99,8 @@ class Queue:
 
         Idempotent and under the study's lock: two workers (or one killed between failing a stale trial
         and queueing it) never queue one twice. One whose worker died MAX_WORKER_DEATHS times (the
-        kernel's OOM killer, say) is left failed; interrupts do not count.
+        kernel's OOM killer, say) is left failed; interrupts do not count, nor faults (a fault past
+        `executor.max_failures` fails by itself: explorer.faults).
         """
         with self.study.store.lock():
             dead: dict[tuple[str, int], list[optuna.trial.FrozenTrial]] = {}
@@ -112,7 +113,7 @@ class Queue:
                     alive.add(pair)
             queued = []
             for pair, trials in dead.items():
-                deaths = sum("interrupted" not in t.user_attrs for t in trials)
+                deaths = sum("interrupted" not in t.user_attrs and "fault" not in t.user_attrs for t in trials)
                 if pair in alive or pair[0] not in self.study.configs or deaths >= MAX_WORKER_DEATHS:
                     continue
                 last = max(trials, key=lambda t: t.number)

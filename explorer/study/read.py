@@ -13,7 +13,7 @@ import optuna
 import pandas as pd
 
 from explorer.frame import trials_frame
-from explorer.identity import current_key, current_rows, current_trials, is_current, legacy_key
+from explorer.identity import classes, current_key, current_rows, current_trials
 from explorer.pruning import Peer
 from explorer.stats import summarize
 
@@ -24,10 +24,12 @@ _COMPLETE, _PRUNED, _FAIL = optuna.trial.TrialState.COMPLETE, optuna.trial.Trial
 
 
 def is_measured(t: optuna.trial.FrozenTrial) -> bool:
-    """Whether a trial is a measurement: complete, pruned, or failed by itself.
+    """Whether a trial is a measurement: complete, pruned, or failed by itself (`fail_reason`).
 
     A duplicate answered from storage is not; nor a trial failed because its worker died (stale
-    heartbeat, no `fail_reason`): it is retried.
+    heartbeat) or because of a fault (`fault`: a broken CUDA context, out of memory beside other trials;
+    explorer.faults): neither has a `fail_reason`, and both are retried. A fault retried past
+    `executor.max_failures` fails by itself, saying so.
     """
     if "duplicate_of" in t.user_attrs:
         return False
@@ -79,8 +81,21 @@ class Reads:
 
     def set_aside(self, ostudy: optuna.Study) -> int:
         """Trials that ran under an earlier identity (before `run --force` changed the budget, say): kept, not read."""
-        key, legacy = current_key(ostudy), legacy_key(ostudy)
-        return sum(not is_current(t, key, legacy) for t in ostudy.get_trials(deepcopy=False))
+        key = current_key(ostudy)
+        return sum(not key.asks(t) for t in ostudy.get_trials(deepcopy=False))
+
+    def classes_note(self, ostudy: optuna.Study) -> str | None:
+        """One line when the study holds trials of more than one execution class (CPU and GPU), else None:
+        which class is read (the one it runs under now) and how many trials of the others are set aside."""
+        ran, now = classes(ostudy), current_key(ostudy).execution
+        if len(ran) < 2:
+            return None
+        others = ", ".join(f"{n} of {cls}" for cls, n in sorted(ran.items()) if cls != now)
+        if now:
+            return (f"this study holds trials of {len(ran)} execution classes: the {ran[now]} of {now} are read, {others} "
+                    "are kept and set aside (results of two classes are never compared)")
+        return (f"this study holds trials of {len(ran)} execution classes ({others}), read together until a run records "
+                "the one it trains under (`explorer run` refuses to go on under one of them without --force)")
 
     def failures(self, ostudy: optuna.Study) -> int:
         return sum(t.state == _FAIL and "fail_reason" in t.user_attrs for t in current_trials(ostudy))
