@@ -29,7 +29,7 @@ from sqlalchemy import func, insert, select
 
 from explorer.dashboard import render
 from explorer.frame import trials_frame
-from explorer.study.storage import rdb_models  # noqa: E402
+from explorer.optuna_compat import rdb_models  # noqa: E402
 
 WIDTHS, LAYERS, HEADS = (384, 768), range(1, 25), (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)
 

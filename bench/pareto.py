@@ -21,8 +21,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from explorer.pareto import hypervolume, pareto_mask  # noqa: E402
-from explorer.study.storage import hypervolume as compute_hypervolume  # noqa: E402  (Optuna's own, WFG)
-from explorer.study.storage import pareto_mask as optuna_pareto_mask  # noqa: E402
+from explorer.optuna_compat import hypervolume as compute_hypervolume  # noqa: E402  (Optuna's own, WFG)
+from explorer.optuna_compat import pareto_mask as optuna_pareto_mask  # noqa: E402
 
 
 def best(fn: Callable[[], object], repeat: int) -> tuple[float, object]:

@@ -15,13 +15,19 @@ evaluation. At 10%, 25% and 50% of the grid's evaluations it prints, as means ov
 - normalised hypervolume: of the measured configurations' true metrics against log-parameters,
   over that of the table's whole true front;
 
-with ratios against Optuna's RandomSampler over `arch`. Then the same default sampler with and
+with ratios against Optuna's RandomSampler over `arch`, and a replay's CPU seconds. `tpe-constraints` is
+TPE left to learn feasibility from Optuna's constraints (`propose_constrained`) instead of explorer's
+repair step. Then the same default sampler with and
 without each pruner of `--pruners` (explorer.pruning, replayed on the per-epoch curves; a pruned
 trial stores its curve so far, as in a study): epochs spent to reach (within 10%) the regret the
 unpruned run has after 10/25/50% of the grid, the regret of each at equal epochs, and the paired
 difference at 0.7x the epochs. Last, from the tables alone: Kendall's tau between the ranking
 after e epochs and after all epochs, within parameter bins, the evidence both short runs and
 pruning rest on.
+
+Workers run one BLAS and one torch thread each (`--jobs` processes are the parallelism); the last line
+gives the run's wall time and, from the replays' CPU time, what it takes on idle cores (the default
+run: 700 replays, 5 CPU-minutes, about 2.5 minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -49,15 +55,15 @@ from bench.build_tables import read_table  # noqa: E402
 from explorer.pareto import hypervolume, pareto_mask  # noqa: E402
 from explorer.pruning import BinnedPruner, Peer, bin_edges  # noqa: E402
 from explorer.sampling import ArchEncoding, BudgetSampler, Encoding, FeasibleSampler  # noqa: E402
-from explorer.space import load_space  # noqa: E402
+from explorer.space import Config, load_space  # noqa: E402
 
 TABLES = {"digits-vit": "spaces/vit-digits.yaml", "digits-wide": "spaces/digits-wide.yaml"}
 FRACTIONS = (0.10, 0.25, 0.50)
 BUDGETS = 10
 ASKS_PER_EVAL = 4
 DEFAULT = "budget-ei"  # explorer's default sampler (explorer.study.SamplerSpec)
-# ablations that settle a design question at a glance but cost minutes per replay: fewer seeds
-FEW_SEEDS = ("gp", "tpe-constraints", "tpe-repeats")
+# ablations that settle a design question at a glance but cost the most per replay (gp 20x budget-ei): fewer seeds
+FEW_SEEDS = ("gp", "tpe-repeats")
 # (rule, warmup as a fraction of the epochs[, margin[, startup[, noise]]]); the last is explorer's setting since issue 20,
 # fixed before it was measured: noise 0.018 is the tables' median replicate sd (1.79 points on both), not tuned here
 PRUNERS = (("median", 0.5), ("dominated", 0.5, 0.01), ("dominated", 0.5, 0.01, 3, 0.018))
@@ -132,10 +138,25 @@ def samplers(table: Table, seed: int) -> dict[str, Callable[[], optuna.samplers.
         "nsga2": lambda: FeasibleSampler(enc, optuna.samplers.NSGAIISampler(population_size=8, seed=seed), seed),
         "tpe": lambda: FeasibleSampler(enc, tpe(), seed),
         "tpe-repeats": lambda: FeasibleSampler(enc, tpe(), seed, avoid_taken=False),
-        "tpe-constraints": lambda: tpe(constraints_func=lambda t: t.user_attrs["infeasible"]),
+        "tpe-constraints": lambda: tpe(),  # told infeasible combinations by `propose_constrained`
         "gp": lambda: FeasibleSampler(enc, optuna.samplers.GPSampler(seed=seed), seed),
         "budget-ei": lambda: BudgetSampler(enc, 0, True, seed=seed),
     }
+
+
+def propose_constrained(trial: optuna.Trial, enc: Encoding) -> Config | None:
+    """`tpe-constraints`' proposal: each free dimension by its index among the values the space's
+    configurations take (so every value proposed exists), and the combination marked infeasible by
+    Optuna's constraint (`Trial.set_constraint`, which TPE reads as `constraints_func` did before
+    Optuna 5 deprecated it) when no configuration has it (heads that do not divide the width, say).
+    None for an infeasible combination."""
+    params = {}
+    for d in enc.dims:
+        values = sorted({c[d] for c in enc.configs})
+        params[d] = values[trial.suggest_int(f"{d}_index", 0, len(values) - 1)]
+    cfg = enc.config(params)
+    trial.set_constraint("feasible", 0.0 if cfg is not None else 1.0)
+    return cfg
 
 
 def make_pruner(table: Table, rule: str, warmup: float, margin: float = 0.0, startup: float = 3, noise: float = 0.0) -> BinnedPruner:
@@ -148,9 +169,6 @@ def make_pruner(table: Table, rule: str, warmup: float, margin: float = 0.0, sta
 
 def replay(table_name: str, sampler: str, seed: int, prune: tuple | None, data: str, last: float = FRACTIONS[-1]) -> dict:
     """One optimizer seed of one sampler on one table: regret, hypervolume, epochs at each fraction."""
-    import torch
-
-    torch.set_num_threads(1)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore")
     table = Table.load(table_name, Path(data))
@@ -166,7 +184,7 @@ def replay(table_name: str, sampler: str, seed: int, prune: tuple | None, data: 
     cut: list[str] = []  # configurations pruned
     epochs, asks, out, trace = 0, 0, {}, []
     full = len(next(iter(table.replicates.values()))[0][1])  # epochs of an unpruned run
-    start = time.perf_counter()
+    start = time.process_time()
 
     def more() -> bool:  # a pruned run goes on until it spent the epochs the unpruned one spends at the last mark
         enough = epochs >= full * marks[-1] if prune else len(first) >= marks[-1]
@@ -176,9 +194,7 @@ def replay(table_name: str, sampler: str, seed: int, prune: tuple | None, data: 
         asks += 1
         trial = study.ask()
         if sampler == "tpe-constraints":
-            params = {d: trial.suggest_int(d, dist.low, dist.high, log=dist.log) for d, dist in enc.ordered.items()}
-            cfg = enc.config(params)
-            trial.set_user_attr("infeasible", [0.0 if cfg is not None else 1.0])
+            cfg = propose_constrained(trial, enc)
             if cfg is None:  # told as infeasible; costs no training and no evaluation
                 study.tell(trial, [min(table.mean.values()), max(table.params.values())])
                 continue
@@ -216,7 +232,18 @@ def replay(table_name: str, sampler: str, seed: int, prune: tuple | None, data: 
     for m in marks:  # a sampler that ran out of asks keeps its last state
         out.setdefault(m, {"regret": table.regret(measured), "hv": table.hypervolume(list(measured)), "epochs": epochs, "asks": asks})
     return {"table": table_name, "sampler": sampler, "seed": seed, "prune": prune, "marks": out, "trace": trace,
-            "seconds": time.perf_counter() - start, "full": full, "empty": table.regret({}), "cut": cut}
+            "cpu_s": time.process_time() - start, "full": full, "empty": table.regret({}), "cut": cut}
+
+
+def _one_thread() -> None:
+    """A pool worker's BLAS (numpy, scikit-learn's GP in budget-ei) and torch (Optuna's GPSampler) run one
+    thread each: the workers are the parallelism. With their defaults, a thread per core in each worker,
+    a replay cost 5-10x the CPU time (budget-ei) and 12x (gp) on a busy 2-core machine."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    torch.set_num_threads(1)
+    threadpool_limits(1)
 
 
 def _regret_at(results: list[dict], epochs: float) -> float:
@@ -278,11 +305,13 @@ def main() -> None:
     pruners = [_pruner_arg(text) for text in args.pruners.split(",") if text]
     jobs += [(t, DEFAULT, seed, p, args.data, FRACTIONS[-1]) for t in tables for p in pruners
              for seed in range(args.seed_offset, args.seed_offset + args.prune_seeds)]
-    with ProcessPoolExecutor(args.jobs) as pool:
+    with ProcessPoolExecutor(args.jobs, initializer=_one_thread) as pool:
         results = list(pool.map(replay, *zip(*jobs), chunksize=1))
     for name, table in tables.items():
         _print_table(table, [r for r in results if r["table"] == name], names)
-    print(f"\n{len(jobs)} replays in {(time.perf_counter() - start) / 60:.1f} min on {args.jobs} processes")
+    cpu = sum(r["cpu_s"] for r in results)  # a busy machine stretches the wall time, hardly the CPU time
+    print(f"\n{len(jobs)} replays in {(time.perf_counter() - start) / 60:.1f} min on {args.jobs} processes; "
+          f"{cpu / 60:.1f} CPU-min of replays (on {args.jobs} idle cores: about {cpu / 60 / args.jobs:.1f} min)")
 
 
 def _pruner_arg(text: str) -> tuple:
@@ -298,7 +327,7 @@ def _print_table(table: Table, results: list[dict], names: list[str]) -> None:
     print(f"\n== {table.name}: {n} configurations x {seeds} seeds; median replicate sd {100 * sd:.2f} points ==")
     marks = sorted(next(iter(results))["marks"])
     head = "".join(f"  {'regret@' + str(m):>14} {'x rnd':>5} {'HV@' + str(m):>6}" for m in marks)
-    print(f"{'sampler':<24}{'seeds':>5}{head}  {'s/seed':>6}")
+    print(f"{'sampler':<24}{'seeds':>5}{head}  {'cpu s':>6}")
     def stats(rs: list[dict], m: int, what: str) -> tuple[float, float]:
         v = [r["marks"][m][what] for r in rs]
         return float(np.mean(v)), float(np.std(v))
@@ -317,7 +346,7 @@ def _print_table(table: Table, results: list[dict], names: list[str]) -> None:
             ratio = mean / stats(random, m, "regret")[0] if random and stats(random, m, "regret")[0] else float("nan")
             cells += f"  {mean:6.2f} ± {spread:5.2f} {ratio:5.2f} {stats(rs, m, 'hv')[0]:6.3f}"
         label = s + (" (default)" if s == DEFAULT else "")
-        print(f"{label:<24}{len(rs):>5}{cells}  {np.mean([r['seconds'] for r in rs]):6.1f}")
+        print(f"{label:<24}{len(rs):>5}{cells}  {np.mean([r['cpu_s'] for r in rs]):6.1f}")
     unpruned = [r for r in plain if r["sampler"] == DEFAULT]
     for prune in dict.fromkeys(r["prune"] for r in results if r["prune"]):
         pruned = [r for r in results if r["prune"] == prune]

@@ -22,7 +22,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from explorer.executors import Executor  # noqa: E402
+from explorer.executors.base import Executor  # noqa: E402
 from explorer.executors.local import LocalExecutor  # noqa: E402
 from explorer.study import load_study_spec  # noqa: E402
 

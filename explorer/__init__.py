@@ -7,7 +7,8 @@ The map, in the order a study flows:
 
     space.py, families/, tasks/      what is searched (configurations, exact counts) and on what data
     study/spec.py                    a study's YAML resolved against its files, and its identity
-    study/storage.py                 its Optuna storage (the one module using Optuna's private names)
+    study/storage.py, lock.py        its Optuna storage, and the lock under which workers decide what runs
+    optuna_compat.py                 the one module using Optuna's private names (bottom floor)
     study/queue.py                   what runs next: grid, replicates, verification, retries
     study/evaluate.py -> train.py    one trial: configuration, training run, record, pruning
     executors/                       where trials run: local threads or Ray Tune

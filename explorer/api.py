@@ -13,30 +13,30 @@ Reading (trials, front, stats, recommend) never writes to the storage.
 
 from __future__ import annotations
 
+import typing
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import optuna
 import pandas as pd
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from explorer.errors import ExplorerError
-from explorer.executors import get_executor
 from explorer.frame import trials_frame
 from explorer.identity import current_rows
-from explorer.decisions import Answer, answer, distinct, parse_budget
-from explorer.recommend import Recommendation, recommend
 from explorer.space import SpaceSpec
-from explorer.stats import summarize
-from explorer.study import ExecutorSpec, Study, StudySpec, load_study_spec
-from explorer.study.queue import MAX_DUPLICATE_RUN
 from explorer.yamlio import validation_error
+
+if TYPE_CHECKING:  # the study's machinery (torch through its tasks, scipy through the statistics) loads on first
+    # use, inside the functions below: `params` needs none of it
+    from explorer.decisions import Answer
+    from explorer.recommend import Recommendation
+    from explorer.study import Study, StudySpec
 
 TrialCallback = Callable[[optuna.Study, optuna.trial.FrozenTrial], None]
 
@@ -68,53 +68,43 @@ class Experiment:
         """Every place on disk this study reads or writes, resolved (study, space, data, storage, checkpoints)."""
         return self.study.paths()
 
-    def run(self, *, executor: str | None = None, address: str | None = None, force: bool = False,
-            resume: bool = False, reclaim: bool = False, retry_failed: bool = False,
+    def run(self, *, executor: str | None = None, address: str | None = None, device: str | None = None,
+            force: bool = False, resume: bool = False, reclaim: bool = False, retry_failed: bool = False,
             on_start: Callable[[Started], None] | None = None, on_trial: TrialCallback | None = None,
             verbose: bool = False) -> Experiment:
         """Create the study or continue the stored one until it has `n_trials` finished trials.
 
-        `executor` ("local" or "ray") and `address` (a Ray cluster) override the spec; `force`
-        continues a stored study whose space, task or budget changed; `resume` requires the study to
-        exist; `reclaim` fails and re-queues trials left RUNNING (no other worker alive);
+        `executor` ("local" or "ray"), `address` (a Ray cluster) and `device` (auto, cpu, cuda: resolved before
+        the storage opens) override the spec; `force` continues a stored study whose space, task, budget or
+        execution class changed; `resume` requires the study to exist; `reclaim` fails and re-queues trials left RUNNING (no other worker alive);
         `retry_failed` queues again every configuration whose trials all failed by themselves;
         `on_start(started)` runs once the storage is open, `on_trial(study, trial)` after each trial.
         Optuna's own log lines show only with `verbose`. A KeyboardInterrupt propagates once every
         finished trial is stored.
         """
-        self._override(executor, address)
+        from explorer.executors import get_executor
+
         study = self.study
+        _override(study, name=executor, address=address, device=device)
         with quiet(verbose):
+            (runner := get_executor(study.spec.executor.name)).prepare(study)  # devices that cannot be had: nothing written
             ostudy = study.open(create=not resume, force=force)
+            execution = runner.settle(study, ostudy, force)
             reclaimed = study.queue.reclaim_running(ostudy) if reclaim else []
             retried = study.queue.retry_failed(ostudy) if retry_failed else []
             if on_start is not None:
-                on_start(Started(ostudy, reclaimed, retried, self._grid_note()))
+                on_start(Started(ostudy, reclaimed, retried, _grid_note(study), execution.line(study.spec.budget.bf16)))
             self._ran = ostudy
-            get_executor(study.spec.executor.name).run(study, ostudy, on_trial)
+            runner.run(study, ostudy, on_trial)
         return self
 
     def stalled(self) -> str | None:
         """Why the study stopped short of `n_trials`, when its sampler ran out of new proposals; else None."""
+        from explorer.study.queue import MAX_DUPLICATE_RUN
+
         if self.study.queue.stalled(self.optuna_study()):
             return f"stopped: the sampler proposed only measured configurations {MAX_DUPLICATE_RUN} times in a row"
         return None
-
-    def _grid_note(self) -> str | None:
-        spec, size = self.study.spec, len(self.study.configs)
-        if spec.sampler.name != "grid" or spec.n_trials >= size:
-            return None
-        return (f"grid of {size} configurations, n_trials {spec.n_trials}: trains {spec.n_trials} spread over the grid "
-                "(its queue is in farthest-point order); raise n_trials to run the rest")
-
-    def _override(self, executor: str | None, address: str | None) -> None:
-        spec = self.study.spec
-        if executor is not None or address is not None:
-            changes = {k: v for k, v in {"name": executor, "address": address}.items() if v is not None}
-            try:
-                spec.executor = ExecutorSpec.model_validate({**spec.executor.model_dump(), **changes})
-            except ValidationError as err:
-                raise validation_error(err, str(self.study.source), prefix="executor") from None
 
     def progress(self, ostudy: optuna.Study) -> tuple[int, int]:
         """(runs finished, runs planned so far): finished, running and not yet started; an adaptive
@@ -141,12 +131,15 @@ class Experiment:
             duplicates=len(current_rows(trials_frame(ostudy, duplicates=True), ostudy)) - len(frame),
             seeds=study.seeds, replicates=study.spec.replicates.model_dump(), replicate_runs=runs, replicate_at_max=at_max,
             summary=_with_free_dims(self.study, summary), trials=frame, set_aside=study.reads.set_aside(ostudy), free_dims=list(study.space.free_dims), metric=self.metric,
-            answers=_answers(self.study, summary), higher_is_better=study.task.higher_is_better,
+            answers=study.reads.answers(summary), higher_is_better=study.task.higher_is_better,
+            classes=study.reads.classes_note(ostudy),
         )
 
     def export(self, target: str | Path, format: str = "csv") -> tuple[Path, Path, int, int]:
         """Write the trials table to `target` and the per-configuration table beside it
         (t.csv -> t.configs.csv; parquet likewise); returns both paths and their row counts."""
+        from explorer.stats import summarize
+
         target = Path(target)
         frame = self.trials()
         objectives = [(o.name, o.direction) for o in self.study.objectives]
@@ -198,6 +191,8 @@ class Experiment:
 
     def budget(self, text: str | int) -> int:
         """A budget as a parameter count: a count, "60M", "250k", or "10%-below-baseline"."""
+        from explorer.decisions import parse_budget
+
         base = self.study.space.baseline
         return text if isinstance(text, int) else parse_budget(text, base.params if base else None)
 
@@ -205,6 +200,9 @@ class Experiment:
         """The answer within `budget` (a count, "60M", "10%-below-baseline"): the configuration to use, its
         regret bound, decided or not (the study's `decision:`), its verdict against the baseline; past the
         measured range the shape law's answer or refusal. `.lines()` says it; `list_ties` lists the ties."""
+        from explorer.beyond import past_the_space
+        from explorer.recommend import recommend
+
         study = self.study
         base = study.space.baseline
         limit = self.budget(budget)
@@ -213,7 +211,7 @@ class Experiment:
         if not len(trials) or not trials["state"].eq("COMPLETE").any():
             raise ExplorerError(f"no completed trial to recommend from ({len(trials)} stored; `explorer status` says why)",
                                 source=str(study.source))
-        return _past_the_space(study, trials, limit, candidates, recommend(
+        return past_the_space(study, trials, limit, candidates, recommend(
             trials, limit, base.key if base else None, self.metric, candidates, study.task.higher_is_better,
             decision=study.spec.decision, list_ties=list_ties, first_seed=study.seeds[0]))
 
@@ -243,32 +241,25 @@ class Experiment:
         return dashboard([self.study.source], out)
 
 
-def _past_the_space(study: Study, trials: pd.DataFrame, limit: int, candidates: list, rec: Recommendation) -> Recommendation:
-    """`rec` with the pruned configurations within the budget and, past the measured range, the shape law's
-    answer among the space's configurations and the splits past its declared ranges (explorer.extrapolate)."""
-    from explorer.extrapolate import past_the_data
-    from explorer.pruning import pruned_within
-    from explorer.space import widened
-
-    past = [(c.key, c.dims, c.params) for c in widened(study.space, limit)] if rec.space_max is not None else []
-    lines, outside = past_the_data(trials, limit, candidates + past, rec.metric, study.task.higher_is_better,
-                                   {k for k, _, _ in past})
-    return replace(rec, pruned=tuple(pruned_within(trials, limit)), beyond=tuple(lines), outside=outside)
+def _grid_note(study: Study) -> str | None:
+    """What a grid study that trains only a prefix of its grid says when it starts."""
+    spec, size = study.spec, len(study.configs)
+    if spec.sampler.name != "grid" or spec.n_trials >= size:
+        return None
+    return (f"grid of {size} configurations, n_trials {spec.n_trials}: trains {spec.n_trials} spread over the grid "
+            "(its queue is in farthest-point order); raise n_trials to run the rest")
 
 
-def _answers(study: Study, summary: pd.DataFrame) -> list[tuple[list[int], Answer]]:
-    """The answer at each of the study's budgets (`decision.budgets`), budgets holding the same
-    configurations once: (those budgets, their answer), from the summary's posterior. An undecided
-    answer's seeds are not limited to the study's `max_seeds`: once the policy has spent them, what
-    would decide it is still the user's question (and what `recommend` says)."""
-    if not len(summary):
-        return []
-    post = summary.attrs["posterior"]
-    base = study.space.baseline
-    best = float(np.nanmax(post.sign() * summary["mean"])) * post.sign()
-    delta = study.spec.decision.margin(study.task.higher_is_better, best)
-    return [(at, answer(post, at[-1], base.key if base else None, delta, study.spec.decision.level))
-            for at in distinct(post, study.budgets()).values()]
+def _override(study: Study, **executor: str | None) -> None:
+    """`run`'s executor fields (those not None: name, address, device) over the spec's, validated as the YAML's would be."""
+    from explorer.study import ExecutorSpec
+
+    spec, changes = study.spec, {k: v for k, v in executor.items() if v is not None}
+    if changes:
+        try:
+            spec.executor = ExecutorSpec.model_validate({**spec.executor.model_dump(), **changes})
+        except ValidationError as err:
+            raise validation_error(err, str(study.source), prefix="executor") from None
 
 
 def _with_free_dims(study: Study, table: pd.DataFrame) -> pd.DataFrame:
@@ -281,11 +272,14 @@ def _with_free_dims(study: Study, table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _states(frame: pd.DataFrame) -> dict[str, int]:
-    """Trials by state, an interrupted trial (Ctrl-C; its configuration is queued again) apart from failures."""
+    """Trials by state, an interrupted trial (Ctrl-C; its configuration is queued again) and a fault (explorer.faults:
+    retried, not a measurement) apart from failures."""
     if not len(frame):
         return {}
+    failed = frame["state"] == "FAIL"
     interrupted = frame["interrupted"].notna() if "interrupted" in frame else False
-    return frame["state"].mask((frame["state"] == "FAIL") & interrupted, "INTERRUPTED").value_counts().to_dict()
+    fault = (frame["fault"].notna() & frame["fail_reason"].isna()) if "fault" in frame else False
+    return frame["state"].mask(failed & interrupted, "INTERRUPTED").mask(failed & fault, "FAULT").value_counts().to_dict()
 
 
 @contextmanager
@@ -313,6 +307,7 @@ class Started:
     reclaimed: list[int]  # trials left RUNNING, failed and queued again (`reclaim`)
     retried: list[str]  # failed configurations queued again (`retry_failed`)
     grid_note: str | None  # a grid study that trains only a prefix of its grid says so
+    execution: str = ""  # what the trials train on, in one line (explorer.executors.devices.Execution.line)
 
 
 @dataclass(frozen=True)
@@ -336,6 +331,7 @@ class Status:
     set_aside: int  # trials of an earlier identity (before `run --force` changed the budget, say): kept, not read
     answers: list[tuple[list[int], Answer]]  # per distinct set of the study's budgets: the answer (explorer.decisions)
     higher_is_better: bool = True
+    classes: str | None = None  # trials of more than one execution class (CPU and GPU): which are read, which set aside
 
 
 CONFIG_COLUMNS = ["arch", "layers", "heads", "width", "mlp", "params", "n", "raw", "mean", "std", "se", "lo", "hi",
@@ -347,6 +343,13 @@ def dashboard(studies: list[str | Path], out: str | Path | None = None) -> Path:
     from explorer.dashboard import render_studies  # plotly: imported only when asked for
 
     return render_studies([Path(p) for p in studies], Path(out) if out is not None else None)
+
+
+def executor_names() -> tuple[str, ...]:
+    """The names a study's `executor.name` takes (the command line checks `--executor` against them)."""
+    from explorer.study import ExecutorSpec
+
+    return typing.get_args(ExecutorSpec.model_fields["name"].annotation)
 
 
 def params(space: str | Path | None = None, family: str | None = None,
@@ -392,6 +395,8 @@ def condition(space: str | Path, task: str = "digits", options: Mapping[str, Any
 
 def load(path: str | Path) -> Experiment:
     """The study a YAML file describes, with its space and task validated (one-line ExplorerError)."""
+    from explorer.study import load_study_spec
+
     return Experiment(load_study_spec(path))
 
 
@@ -402,6 +407,8 @@ def create(folder: str | Path, name: str, *, space: SpaceSpec | Mapping[str, Any
     (budget, objectives, sampler, pruner, storage, executor, ...), as dicts or explorer's models.
     The storage defaults to `folder/<name>.db`.
     """
+    from explorer.study import StudySpec
+
     folder = Path(folder)
     study_path = folder / f"{name}.yaml"
     if isinstance(space, (str, Path)):

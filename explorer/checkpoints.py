@@ -1,31 +1,46 @@
-"""Where a trial keeps its epoch checkpoint, and whether a checkpoint found there is its own.
+"""Where a trial keeps its epoch checkpoint, whether a checkpoint found there is its own, and the file.
 
 One folder per trial lineage (a trial and its retries), so two workers training the same
 configuration never share one, and a retry finds the checkpoint of the trial it continues. The
 folder's `owner.json` records the study, trial, configuration and budget it belongs to: a checkpoint
 of anything else (e.g. of the old budget after `--force` with new epochs) is not resumed.
+
+The file (`CHECKPOINT`) holds the model, optimizer, LR schedule, the RNG states and the run's progress;
+it loads on whatever device the retry has (saved on cuda:1 of a node with 4 GPUs, resumed on cuda:0 of
+one with a single GPU, or on a CPU).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import shutil
+import threading
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
+import torch
+from torch import nn
+
+from explorer.errors import ExplorerError
+
+if TYPE_CHECKING:
+    from explorer.tasks import Loader
 
 OWNER = "owner.json"
+CHECKPOINT = "checkpoint.pt"
 
 
 def lineage(trial: optuna.trial.FrozenTrial) -> int:
     """The number of the first trial of a chain of retries.
 
-    explorer's retries (Ctrl-C, `--reclaim`, a stopped Ray driver) record it as the user attr
-    `retry_of`; Optuna's heartbeat retry (`RetryHeartbeatStaleTrialCallback`) as the system attr
-    `failed_trial`, and it copies the user attrs, so `retry_of` is looked at first.
+    explorer's retries (a dead worker, Ctrl-C, `--reclaim`, a stopped Ray driver) record it as the user
+    attr `retry_of`; retries queued by Optuna's `RetryHeartbeatStaleTrialCallback` (studies run before
+    explorer queued them itself) as the system attr `failed_trial`, so `retry_of` is looked at first.
     """
     return int(trial.user_attrs.get("retry_of", trial.system_attrs.get("failed_trial", trial.number)))
 
@@ -52,3 +67,66 @@ def remove(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
     with contextlib.suppress(OSError):
         path.parent.rmdir()
+
+
+# -- the checkpoint file --------------------------------------------------------------------------
+@dataclass
+class Parts:
+    """What a checkpoint saves and restores besides the run's progress."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    loader: Loader
+
+
+def save(path: Path, owner: dict[str, Any], parts: Parts, progress: dict[str, Any], device: str) -> None:
+    """Write the checkpoint atomically: a crash mid-write leaves the previous one intact."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "config": owner,
+        "model": parts.model.state_dict(),
+        "optimizer": parts.optimizer.state_dict(),
+        "scheduler": parts.scheduler.state_dict(),
+        "rng": _rng_state(parts.loader, device),
+        "state": progress,
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+
+
+def load(path: Path, owner: dict[str, Any], parts: Parts, device: str, seed_lock: threading.Lock) -> dict[str, Any]:
+    """Restore `parts` from the checkpoint at `path` (one of `owner`'s) onto `device`; returns the progress.
+
+    torch's global RNG state is set inside `seed_lock`, the lock under which trials in threads seed it
+    and draw their models' initialisation: set outside it, it would change another trial's model.
+    """
+    payload = torch.load(path, map_location="cpu", weights_only=True)  # saved on any device: loaded to ours
+    if payload["config"] != owner:
+        raise ExplorerError(f"checkpoint is of {payload['config']}, not of this trial's configuration", source=str(path))
+    parts.model.load_state_dict(payload["model"])
+    parts.optimizer.load_state_dict(payload["optimizer"])
+    parts.scheduler.load_state_dict(payload["scheduler"])
+    rng = payload["rng"]
+    cuda = rng["cuda"]
+    if isinstance(cuda, list):  # saved before per-device states: every visible GPU's, the trial's (cuda:0) first
+        cuda = cuda[0] if cuda else None
+    with seed_lock:
+        torch.set_rng_state(rng["torch"])
+        if cuda is not None and device.startswith("cuda"):
+            torch.cuda.set_rng_state(cuda, torch.device(device))
+    generator = getattr(parts.loader, "generator", None)  # a DataLoader's; in-memory batches draw from (seed, epoch) alone
+    if rng["loader"] is not None and generator is not None:
+        generator.set_state(rng["loader"])
+    return payload["state"]
+
+
+def _rng_state(loader: Loader, device: str) -> dict[str, Any]:
+    """The RNG states a resumed run needs: torch's, the trial's own GPU's (not every visible one: a retry
+    may see fewer GPUs, or others), the data order's."""
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state(torch.device(device)) if device.startswith("cuda") else None,
+        "loader": generator.get_state() if (generator := getattr(loader, "generator", None)) is not None else None,
+    }

@@ -28,7 +28,6 @@ if __name__ == "__main__" or "explorer" in os.path.basename(sys.argv[0]):  # the
 import math  # noqa: E402
 import numbers  # noqa: E402
 import time  # noqa: E402
-import typing  # noqa: E402
 from enum import Enum  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Annotated, Optional  # noqa: E402
@@ -132,7 +131,7 @@ def _scalar(text: str):
 
 
 # -- run / resume -----------------------------------------------------------------------------------------
-def _run(path: Path, *, resume: bool, force: bool, executor: str | None, address: str | None,
+def _run(path: Path, *, resume: bool, force: bool, executor: str | None, address: str | None, device: str | None,
          reclaim: bool, retry_failed: bool, dashboard: bool) -> None:
     from explorer import api
 
@@ -152,8 +151,8 @@ def _run(path: Path, *, resume: bool, force: bool, executor: str | None, address
             if started.retried:
                 bar.console.print(f"queued again {len(started.retried)} failed configurations: {', '.join(started.retried)}",
                                   markup=False, highlight=False)
-            if started.grid_note:
-                bar.console.print(started.grid_note, markup=False, highlight=False)
+            for note in filter(None, (started.execution, started.grid_note)):
+                bar.console.print(note, markup=False, highlight=False)
             done, planned = exp.progress(started.ostudy)
             bar.update(task, completed=done, total=planned)
 
@@ -165,7 +164,7 @@ def _run(path: Path, *, resume: bool, force: bool, executor: str | None, address
             done, planned = exp.progress(s)
             bar.update(task, completed=done, total=planned, front=f"front: {len(s.best_trials)} | last: #{t.number} {t.state.name.lower()}")
 
-        exp.run(executor=executor, address=address, force=force, resume=resume, reclaim=reclaim,
+        exp.run(executor=executor, address=address, device=device, force=force, resume=resume, reclaim=reclaim,
                          retry_failed=retry_failed, on_start=on_start, on_trial=on_trial)
     _status(exp, failures=False)  # this run's failures were said as they happened
     stalled = exp.stalled()
@@ -179,9 +178,9 @@ def _run(path: Path, *, resume: bool, force: bool, executor: str | None, address
 
 def _executor_name(name: str) -> str:
     """`--executor`, validated like the YAML's `executor.name`."""
-    from explorer.api import ExecutorSpec
+    from explorer import api
 
-    choices = typing.get_args(ExecutorSpec.model_fields["name"].annotation)
+    choices = api.executor_names()
     if name not in choices:
         raise ExplorerError(f"{name!r} is not an executor; choose {' or '.join(choices)}", field="--executor")
     return name
@@ -203,13 +202,14 @@ def _read(path: Path):
 def run(
     study: Annotated[Path, typer.Argument(help="a study YAML (see studies/)")],
     executor: Annotated[Optional[str], typer.Option(help="local | ray (overrides the spec)")] = None,
-    address: Annotated[Optional[str], typer.Option(help="Ray cluster to join: auto, ray://host:port")] = None,
+    address: Annotated[Optional[str], typer.Option(help="Ray cluster to join: auto, or the head's host:port")] = None,
+    device: Annotated[Optional[str], typer.Option(help="auto | cpu | cuda: what trials train on (overrides the spec)")] = None,
     force: Annotated[bool, typer.Option(help="continue a stored study even if its space/task/budget changed")] = False,
     retry_failed: Annotated[bool, typer.Option(help="queue again the configurations whose trials failed (after fixing the cause)")] = False,
     dashboard: Annotated[bool, typer.Option(help="write the dashboard when done")] = True,
 ) -> None:
     """Run a study (create it, or continue the stored one) until it has n_trials finished trials."""
-    _run(study, resume=False, force=force, executor=executor, address=address, reclaim=False, retry_failed=retry_failed,
+    _run(study, resume=False, force=force, executor=executor, address=address, device=device, reclaim=False, retry_failed=retry_failed,
          dashboard=dashboard)
 
 
@@ -217,21 +217,24 @@ def run(
 def resume(
     study: Annotated[Path, typer.Argument(help="a study YAML whose study was started with `explorer run`")],
     executor: Annotated[Optional[str], typer.Option(help="local | ray (overrides the spec)")] = None,
-    address: Annotated[Optional[str], typer.Option(help="Ray cluster to join: auto, ray://host:port")] = None,
+    address: Annotated[Optional[str], typer.Option(help="Ray cluster to join: auto, or the head's host:port")] = None,
+    device: Annotated[Optional[str], typer.Option(help="auto | cpu | cuda: what trials train on (overrides the spec)")] = None,
     reclaim: Annotated[bool, typer.Option(help="fail and re-queue RUNNING trials now (no other worker alive)")] = False,
     force: Annotated[bool, typer.Option(help="continue a stored study even if its space/task/budget changed")] = False,
     retry_failed: Annotated[bool, typer.Option(help="queue again the configurations whose trials failed (after fixing the cause)")] = False,
     dashboard: Annotated[bool, typer.Option(help="write the dashboard when done")] = True,
 ) -> None:
     """Continue a stored study; trials a dead worker left running are re-run, finished ones kept."""
-    _run(study, resume=True, force=force, executor=executor, address=address, reclaim=reclaim, retry_failed=retry_failed,
+    _run(study, resume=True, force=force, executor=executor, address=address, device=device, reclaim=reclaim, retry_failed=retry_failed,
          dashboard=dashboard)
 
 
 # -- status / export ------------------------------------------------------------------------------------------
 def _status(exp, failures: bool = True, list_ties: bool = False) -> None:
+    from explorer import reports
+
     st = exp.status()
-    _print_answers(st)
+    _say(reports.answers(st))  # the study's answer at each of its budgets first
     measured, failed = st.outcomes
     out.print(f"[bold]{st.name}[/]: {measured}/{st.n_trials} configurations measured"
               + (f" ({failed} more failed)" if failed else "") + f", {st.runs} runs; " + ", ".join(f"{k.lower()} {v}" for k, v in sorted(st.states.items()))
@@ -239,13 +242,15 @@ def _status(exp, failures: bool = True, list_ties: bool = False) -> None:
     if st.set_aside:
         out.print(f"{st.set_aside} trials of an earlier version of this study (another space, task, budget or objectives: "
                   "before `run --force`) are kept in the storage and set aside", markup=False)
+    if st.classes:
+        out.print(st.classes, markup=False)
     if len(st.seeds) > 1 and st.replicate_at_max:
         policy = st.replicates
         how = f"adaptive, confidence {policy['confidence']:g}" if policy["policy"] == "adaptive" else policy["policy"]
         out.print(f"replicates ({how}), seeds {st.seeds}: {st.replicate_runs} runs of the {st.replicate_at_max} that every measured "
                   f"configuration at {len(st.seeds)} seeds would take ({st.replicate_runs / max(st.replicate_at_max, 1):.0%})", markup=False)
     if len(st.summary):
-        _print_front(st, list_ties)
+        _say(reports.front(st, list_ties))
     frame = st.trials
     failed = frame[frame["state"] == "FAIL"] if failures else frame.iloc[0:0]
     for row in failed.itertuples():
@@ -253,25 +258,12 @@ def _status(exp, failures: bool = True, list_ties: bool = False) -> None:
             out.print(f"trial {row.number} ({row.arch}) failed: {row.fail_reason}", markup=False)
 
 
-def _print_answers(st) -> None:
-    """The study's answer at each of its budgets first (explorer.reports)."""
-    from explorer.reports import answers
-
-    said = answers(st)
+def _say(said) -> None:
+    """A table of explorer.reports (the answers at the study's budgets, the front) with its notes below."""
     if said is not None:
         _print_frame(said.frame, Format.table, title=said.title)
         for line in said.notes:
             out.print(line, markup=False)
-
-
-def _print_front(st, list_ties: bool = False) -> None:
-    """The front of posterior means, then the configurations tied with a front member (explorer.reports)."""
-    from explorer.reports import front
-
-    said = front(st, list_ties)
-    _print_frame(said.frame, Format.table, title=said.title)
-    for line in said.notes:
-        out.print(line, markup=False)
 
 
 @app.command()

@@ -35,3 +35,10 @@ class ExplorerError(Exception):
 
 class TrialFailed(Exception):
     """A trial that cannot produce a result (NaN loss, out of memory, timeout); the study goes on."""
+
+
+class TrialReclaimed(BaseException):
+    """A trial another worker failed as dead while this one still trained it (its heartbeat went stale):
+    its retry owns the (configuration, seed) now, so this worker stops without recording anything and
+    leaves the checkpoint to the retry. A BaseException, like KeyboardInterrupt: no handler of trial
+    faults turns it into a failure."""

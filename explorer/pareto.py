@@ -78,7 +78,7 @@ def hypervolume(values: np.ndarray, directions: Sequence[str], reference: Sequen
     if loss.size == 0:
         return 0.0
     if loss.shape[1] != 2:
-        from explorer.study.storage import hypervolume as optuna_hypervolume  # the study package imports this one
+        from explorer.optuna_compat import hypervolume as optuna_hypervolume
 
         return optuna_hypervolume(loss, ref)
     front = np.unique(loss, axis=0)

@@ -6,39 +6,43 @@ so that a pruner (Optuna) or a scheduler (Ray Tune) can stop it. It measures the
 condition numbers before and after training (`explorer.conditioning`).
 
 A NaN/inf loss raises `TrialFailed`: the trial fails, the study goes on. With a `checkpoint_dir`
-the run saves its whole state after each epoch and resumes from it, giving the same result on CPU
-as an uninterrupted run.
+the run saves its whole state after an epoch (every epoch, or once `checkpoint_every_s` passed since
+the last save) and resumes from it, giving the same result on CPU as an uninterrupted run.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
-from torch.utils.data import DataLoader
 
+from explorer import checkpoints
+from explorer.checkpoints import CHECKPOINT
 from explorer.conditioning import BlockKappa, attention_condition
-from explorer.errors import ExplorerError, TrialFailed
+from explorer.errors import TrialFailed
+from explorer.faults import OutOfMemory
 from explorer.families import get_family
-from explorer.tasks import Task, TaskData
+from explorer.steps import Compile, Graphed, StepFn, Tally, adamw, autocast, compile_used, model_step, set_tf32
+from explorer.device_data import Batches
+from explorer.tasks import Loader, Task, TaskData
 
 Callback = Callable[[int, dict[str, float]], None]
 
-CHECKPOINT = "checkpoint.pt"
 KAPPA_SAMPLES = 32  # eval samples on which κ is measured: enough for a stable median, cheap to SVD
 _GLOBAL_RNG = threading.Lock()  # held while a trial seeds torch's global RNG and draws its model's initialisation
 NAN_CHECK_EVERY = 50  # on CUDA, steps between the host syncs that look for a non-finite loss
+SPEED_ONLY = {"compile", "seed_batch"}  # budget fields that change how fast a trial runs, not what it measures
 
 
 class Budget(BaseModel):
@@ -54,7 +58,10 @@ class Budget(BaseModel):
     weight_decay: float = Field(0.05, ge=0)
     warmup_frac: float = Field(0.1, ge=0, le=1)
     grad_clip: float | None = Field(1.0, gt=0)
-    bf16: bool = True  # autocast to bfloat16, on CUDA only
+    bf16: bool = True  # autocast to bfloat16, on CUDA only (a CPU trains in float32 and records so: `precision`)
+    tf32: bool = False  # TF32 for float32 matmuls and convolutions, on CUDA only (explorer.steps.set_tf32)
+    compile: Compile = "none"  # how a step runs: none | compile | cudagraphs (explorer.steps)
+    seed_batch: Literal["auto", "on", "off"] = "auto"  # a configuration's seeds trained as one model (explorer.seedbatch)
     seed: int = 0  # sets the model's initialisation and the data order
     # replicates: N seeds (seed, seed+1, ...) or a list of seeds; replicate i of every configuration
     # uses the same seed, so configurations are compared on the same data order (explorer.stats)
@@ -68,6 +75,14 @@ class Budget(BaseModel):
         if isinstance(value, list) and (not value or len(set(value)) != len(value)):
             raise ValueError("a non-empty list of distinct seeds")
         return value
+
+    def identity(self) -> dict[str, Any]:
+        """The fields that change what a trial measures (the study's identity): not the seeds, not how fast
+        it runs (SPEED_ONLY), and `tf32` only when on, so a study stored before it existed keeps its identity."""
+        fields = self.model_dump(mode="json", exclude={"seeds", *SPEED_ONLY})
+        if not self.tf32:
+            del fields["tf32"]
+        return fields
 
     @property
     def seed_list(self) -> list[int]:
@@ -90,10 +105,24 @@ class TrialResult:
     steps: int
     train_time_s: float
     device: str
+    compile: Compile = "none"  # how its steps ran (explorer.steps.compile_used)
+    tf32: bool = False
+    seed_batch: int = 1  # how many seeds of its configuration trained with it as one model
+    device_name: str = "CPU"  # torch.cuda.get_device_name on CUDA
+    precision: str = "float32"  # what the forward ran in (`precision`)
 
 
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def precision(device: str, bf16: bool) -> str:
+    """What a trial's forward runs in on `device`: bfloat16 autocast on CUDA when `bf16`, else float32."""
+    return "bfloat16" if bf16 and device.startswith("cuda") else "float32"
+
+
+def device_name(device: str) -> str:
+    return torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else "CPU"
 
 
 def run_trial(
@@ -104,21 +133,46 @@ def run_trial(
     callback: Callback | None = None,
     checkpoint_dir: Path | None = None,
     device: str | None = None,
+    checkpoint_every_s: float = 0.0,
 ) -> TrialResult:
     """Train `family` at `dims` on `task` within `budget`; report each epoch to `callback`.
 
     `callback(epoch, metrics)` runs after each epoch's evaluation (epochs count from 0; metrics hold
     the task's metric, `eval_loss`, `train_loss`, and `perplexity` for an LM); what it raises (e.g.
-    `optuna.TrialPruned`) propagates. Raises `TrialFailed` on a non-finite loss or when the device
-    runs out of memory anywhere in the trial (building, κ, training). κ is measured on the first
-    KAPPA_SAMPLES inputs of the eval split, before and after training.
+    `optuna.TrialPruned`) propagates. Raises `TrialFailed` on a non-finite loss, and `OutOfMemory` (a
+    `TrialFailed` saying how much memory the trial needed) when the device runs out of memory anywhere
+    in the trial (building, κ, training). κ is measured on the first KAPPA_SAMPLES inputs of the eval
+    split, before and after training. A checkpoint is written after an epoch once `checkpoint_every_s`
+    passed since the last one (0: every epoch).
     """
     device = device or default_device()
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats(device)  # what the trial needed, if it runs out of memory
     try:
-        return _run(family, dims, task, budget, callback, checkpoint_dir, device)
+        return _run(family, dims, task, budget, callback, checkpoint_dir, device, checkpoint_every_s)
     except torch.OutOfMemoryError as err:
-        reason = f"out of memory on {device}: {str(err).splitlines()[0]}"
-    raise TrialFailed(reason)  # raised outside the handler, so the traceback no longer pins GPU memory
+        reason = f"out of memory on {device}: {_memory_needed(device, str(err))}{str(err).splitlines()[0]}"
+    raise OutOfMemory(reason)  # raised outside the handler, so the traceback no longer pins GPU memory
+
+
+def _memory_needed(device: str, message: str) -> str:
+    """On CUDA, what the trial needed against what the device has (its peak, or what it held plus what it
+    asked for when it ran out), to say why it cannot run here; '' elsewhere."""
+    if not device.startswith("cuda"):
+        return ""
+    units = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+    asked = re.search(r"Tried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)", message)
+    held = torch.cuda.memory_allocated(device) + (float(asked.group(1)) * units[asked.group(2)] if asked else 0)
+    needed = max(torch.cuda.max_memory_allocated(device), held)
+    total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    return f"it needed more than {needed / 2**30:.2f} GiB of the {total / 2**30:.2f} GiB of {device_name(device)}; "
+
+
+def build_model(family: str, dims: dict[str, Any], seed: int) -> nn.Module:
+    """The configuration's model as the trial at `seed` initialises it."""
+    with _GLOBAL_RNG:  # trials in threads (executor.n_jobs) would interleave their draws from torch's global RNG
+        torch.manual_seed(seed)
+        return get_family(family).build(dims)
 
 
 def _run(
@@ -129,36 +183,41 @@ def _run(
     callback: Callback | None,
     checkpoint_dir: Path | None,
     device: str,
+    checkpoint_every_s: float,
 ) -> TrialResult:
     """`run_trial`'s body: build, measure κ, train, measure κ again (any of them may run out of memory)."""
-    with _GLOBAL_RNG:  # trials in threads (executor.n_jobs) would interleave their draws from torch's global RNG
-        torch.manual_seed(budget.seed)
-        model = get_family(family).build(dims)
-    model = model.to(device)
+    model = build_model(family, dims, budget.seed).to(device)
     params = sum(p.numel() for p in model.parameters())
-    data = task.load(budget.batch_size, budget.seed)
-    probe = _first_batch(data.eval)[:KAPPA_SAMPLES]
+    data = task.load(budget.batch_size, budget.seed).to(device)  # in-memory data moves to the device once
+    probe = first_batch(data.eval)[:KAPPA_SAMPLES]
 
     steps_per_epoch = len(data.train)
     total_steps = budget.epochs * steps_per_epoch
     if budget.max_steps is not None:
         total_steps = min(total_steps, budget.max_steps)
-    optimizer = _adamw(model, budget, device)
+    mode = compile_used(budget.compile, device)
+    set_tf32(budget.tf32)
+    optimizer = adamw(((p, p.ndim >= 2) for p in model.parameters() if p.requires_grad), budget.lr,
+                      budget.weight_decay, device, graphs=mode == "cudagraphs")
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, _warmup_cosine(int(budget.warmup_frac * total_steps), total_steps)
+        optimizer, warmup_cosine(int(budget.warmup_frac * total_steps), total_steps)
     )
 
     path = Path(checkpoint_dir) / CHECKPOINT if checkpoint_dir is not None else None
+    parts, owner = checkpoints.Parts(model, optimizer, scheduler, data.train), {"family": family, "dims": dict(dims)}
     if path is not None and path.exists():
-        state = _resume(path, family, dims, model, optimizer, scheduler, data.train)
+        state = _State(**checkpoints.load(path, owner, parts, device, _GLOBAL_RNG))
     else:
         state = _State(kappa_init=attention_condition(model, probe))
+    last_save = time.monotonic()
 
     def checkpoint() -> None:
-        if path is not None:
-            _save(path, family, dims, model, optimizer, scheduler, data.train, state)
+        nonlocal last_save
+        if path is not None and time.monotonic() - last_save >= checkpoint_every_s:
+            checkpoints.save(path, owner, parts, vars(state), device)
+            last_save = time.monotonic()
 
-    _fit(model, data, optimizer, scheduler, budget, device, task, state, total_steps, callback, checkpoint)
+    _fit(model, mode, data, optimizer, scheduler, budget, device, task, state, total_steps, callback, checkpoint)
     return TrialResult(
         metric=state.metrics[task.metric],
         metrics=state.metrics,
@@ -169,6 +228,10 @@ def _run(
         steps=state.step,
         train_time_s=state.train_time_s,
         device=device,
+        compile=mode,
+        tf32=budget.tf32,
+        device_name=device_name(device),
+        precision=precision(device, budget.bf16),
     )
 
 
@@ -187,6 +250,7 @@ class _State:
 
 def _fit(
     model: nn.Module,
+    mode: Compile,
     data: TaskData,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
@@ -200,16 +264,18 @@ def _fit(
 ) -> None:
     """Epochs until a limit is reached: train, evaluate, checkpoint, report."""
     is_lm = task.modality == "lm"
-    autocast = _autocast(device, budget.bf16)
+    forward: nn.Module = torch.compile(model, dynamic=False) if mode == "compile" else model  # type: ignore[assignment]  # a graph per batch shape
+    tally = Tally.on(device)
+    step: StepFn = model_step(model, forward, optimizer, budget.grad_clip, autocast(device, budget.bf16, mode == "cudagraphs"), tally)
+    if mode == "cudagraphs":
+        step = Graphed(step, lambda: [*model.parameters(), *tally.tensors()], optimizer)
     while not state.done:
         started = time.perf_counter()
         _set_epoch(data.train, state.epoch)
         model.train()
-        train_loss, steps, stopped = _train_epoch(
-            model, data.train, optimizer, scheduler, budget, device, autocast, state, total_steps
-        )
+        train_loss, steps, stopped = _train_epoch(step, tally, data.train, scheduler, budget, device, state, total_steps)
         state.step += steps
-        metrics = _evaluate(model, data.eval, device, autocast, is_lm)
+        metrics = _evaluate(forward, data.eval, device, autocast(device, budget.bf16), is_lm)
         metrics["train_loss"] = train_loss
         state.epoch += 1
         state.done = stopped or state.epoch >= budget.epochs
@@ -224,75 +290,61 @@ def _fit(
 
 
 def _train_epoch(
-    model: nn.Module,
-    loader: DataLoader,
-    optimizer: torch.optim.Optimizer,
+    step: StepFn,
+    tally: Tally,
+    loader: Loader,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     budget: Budget,
     device: str,
-    autocast: Callable[[], contextlib.AbstractContextManager],
     state: _State,
     total_steps: int,
 ) -> tuple[float, int, bool]:
     """One pass over `loader`; returns (mean train loss, steps taken, whether a limit stopped it).
 
-    The loss stays on the device: on CPU each step checks it (free), on CUDA every
+    The loss stays on the device (`tally`): on CPU each step checks it (free), on CUDA every
     NAN_CHECK_EVERY steps, so the GPU is not synchronised on every step.
     """
     sync_every = 1 if device == "cpu" else NAN_CHECK_EVERY
     deadline = None if budget.time_limit_s is None else time.perf_counter() + budget.time_limit_s - state.train_time_s
-    loss_sum = torch.zeros((), device=device)
-    first_bad = torch.full((), -1, device=device)  # step of the first non-finite loss, and that loss
-    bad_loss = torch.zeros((), device=device)
+    tally.start(state.step)
     steps, stopped = 0, False
     for x, y in loader:
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with autocast():
-            logits = model(x)
-        loss = F.cross_entropy(logits.float().flatten(0, -2), y.flatten())
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if budget.grad_clip is not None:
-            nn.utils.clip_grad_norm_(model.parameters(), budget.grad_clip)
-        optimizer.step()
+        step(x.to(device, non_blocking=True), y.to(device, non_blocking=True))  # a DataLoader's batch; Batches are there
         scheduler.step()
-        loss = loss.detach()
-        loss_sum += loss
-        newly_bad = (first_bad < 0) & ~torch.isfinite(loss)
-        first_bad = torch.where(newly_bad, state.step + steps + 1, first_bad)
-        bad_loss = torch.where(newly_bad, loss, bad_loss)
         steps += 1
         if steps % sync_every == 0:
-            _check_finite(first_bad, bad_loss)
+            _check_finite(tally)
         if state.step + steps >= total_steps or (deadline is not None and time.perf_counter() >= deadline):
             stopped = True
             break
-    _check_finite(first_bad, bad_loss)
-    return loss_sum.item() / max(steps, 1), steps, stopped
+    _check_finite(tally)
+    return tally.loss_sum.item() / max(steps, 1), steps, stopped
 
 
-def _check_finite(first_bad: torch.Tensor, bad_loss: torch.Tensor) -> None:
-    step = int(first_bad)
+def _check_finite(tally: Tally) -> None:
+    step = int(tally.first_bad)
     if step >= 0:
-        raise TrialFailed(f"loss is {bad_loss.item()} at step {step}")
+        raise TrialFailed(f"loss is {tally.bad_loss.item()} at step {step}")
 
 
 @torch.no_grad()
 def _evaluate(
     model: nn.Module,
-    loader: DataLoader,
+    loader: Loader,
     device: str,
-    autocast: Callable[[], contextlib.AbstractContextManager],
+    cast: Callable[[], contextlib.AbstractContextManager],
     is_lm: bool,
 ) -> dict[str, float]:
-    """Mean cross-entropy over all targets (every token for an LM); accuracy or perplexity."""
+    """Mean cross-entropy over all targets (every token for an LM); accuracy or perplexity.
+
+    `model` is the trial's module or its compiled twin."""
     model.eval()
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)
     correct = torch.zeros((), device=device, dtype=torch.int64)
     count = 0
     for x, y in loader:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with autocast():
+        with cast():
             logits = model(x)
         logits, y = logits.float().flatten(0, -2), y.flatten()
         loss_sum += F.cross_entropy(logits, y, reduction="sum")
@@ -304,17 +356,7 @@ def _evaluate(
     return {"accuracy": correct.item() / max(count, 1), "eval_loss": eval_loss}
 
 
-def _adamw(model: nn.Module, budget: Budget, device: str) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (not biases, norms), as nanoGPT and timm do."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.ndim >= 2], "weight_decay": budget.weight_decay},
-        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=budget.lr, fused=device.startswith("cuda"))
-
-
-def _warmup_cosine(warmup: int, total: int) -> Callable[[int], float]:
+def warmup_cosine(warmup: int, total: int) -> Callable[[int], float]:
     """LR factor: linear from 1/warmup to 1 over `warmup` steps, then cosine down to 0 at `total`."""
 
     def factor(step: int) -> float:
@@ -326,85 +368,14 @@ def _warmup_cosine(warmup: int, total: int) -> Callable[[int], float]:
     return factor
 
 
-def _autocast(device: str, bf16: bool) -> Callable[[], contextlib.AbstractContextManager]:
-    if bf16 and device.startswith("cuda"):
-        return lambda: torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext
-
-
-def _first_batch(loader: DataLoader) -> torch.Tensor:
+def first_batch(loader: Loader) -> torch.Tensor:
     batches: Iterator = iter(loader)
     return next(batches)[0]
 
 
-def _samplers(loader: DataLoader) -> list[Any]:
-    return [s for s in (loader.sampler, loader.batch_sampler) if s is not None]
-
-
-def _set_epoch(loader: DataLoader, epoch: int) -> None:
-    """Tell epoch-seeded samplers (like DistributedSampler) which epoch this is."""
-    for sampler in _samplers(loader):
+def _set_epoch(loader: Loader, epoch: int) -> None:
+    """Tell epoch-seeded batches (explorer.device_data) or samplers (like DistributedSampler) which epoch this is."""
+    samplers = [loader] if isinstance(loader, Batches) else [loader.sampler, loader.batch_sampler]
+    for sampler in samplers:
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
-
-
-def _rng_state(loader: DataLoader) -> dict[str, Any]:
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "loader": loader.generator.get_state() if loader.generator is not None else None,
-    }
-
-
-def _set_rng_state(rng: dict[str, Any], loader: DataLoader) -> None:
-    torch.set_rng_state(rng["torch"])
-    if rng["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
-    if rng["loader"] is not None and loader.generator is not None:
-        loader.generator.set_state(rng["loader"])
-
-
-def _save(
-    path: Path,
-    family: str,
-    dims: dict[str, Any],
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    loader: DataLoader,
-    state: _State,
-) -> None:
-    """Write the checkpoint atomically: a crash mid-write leaves the previous one intact."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "config": {"family": family, "dims": dict(dims)},
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "rng": _rng_state(loader),
-        "state": vars(state),
-    }
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
-
-
-def _resume(
-    path: Path,
-    family: str,
-    dims: dict[str, Any],
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    loader: DataLoader,
-) -> _State:
-    payload = torch.load(path, map_location="cpu", weights_only=True)
-    if payload["config"] != {"family": family, "dims": dict(dims)}:
-        raise ExplorerError(
-            f"checkpoint is of {payload['config']}, not of this trial's configuration", source=str(path)
-        )
-    model.load_state_dict(payload["model"])
-    optimizer.load_state_dict(payload["optimizer"])
-    scheduler.load_state_dict(payload["scheduler"])
-    _set_rng_state(payload["rng"], loader)
-    return _State(**payload["state"])

@@ -55,3 +55,35 @@ def test_decide_bench_runs_the_whole_loop_and_prints_its_last_line() -> None:
     lines = done.stdout.strip().splitlines()
     assert re.fullmatch(r"decide vit@1 [01]\.\d\d [01]\.\d{3} \d\.\d\d", lines[-1]), lines[-1]
     assert any("random pick" in line for line in lines) and any("fixed 3 seeds" in line for line in lines)
+
+
+@pytest.mark.slow
+def test_gpu_bench_runs_on_the_cpu_and_prints_both_ways_side_by_side() -> None:
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--configs", "1", "--epochs", "1", "--seeds", "2",
+                          "--modes", "none,cudagraphs"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("device cpu (CPU, 1 thread(s)); 1 configurations x 2 seeds = 2 trials")
+    assert "peak used: a 1024^2 matmul in float32" in lines[1]
+    rows = [line for line in lines if "trials/h" in line]  # cudagraphs needs CUDA: on the CPU it is the eager rows
+    assert [r.split("  ")[0] for r in rows] == ["one by one, none", "seeds as one, none"] and "x 1.00" in rows[0]
+
+
+def test_tpe_with_optuna_constraints_measures_configurations() -> None:
+    """The `tpe-constraints` peer proposes values the space has and learns which combinations are infeasible:
+    it measures configurations (it once proposed any integer width between 16 and 64, found none in its asks,
+    and sat at the empty study's regret at every budget)."""
+    result = replay("digits-wide", "tpe-constraints", 0, None, str(ROOT / "bench" / "data"))
+    last = result["marks"][max(result["marks"])]
+    assert last["regret"] < result["empty"] / 4 and last["hv"] > 0.5
+
+
+def test_the_script_prints_the_regret_table() -> None:
+    """The script end to end on the small table, few seeds, one worker: every sampler's row and the pruning lines."""
+    cmd = [sys.executable, str(ROOT / "bench" / "search.py"), "--tables", "digits-vit", "--seeds", "2", "--few-seeds", "1",
+           "--prune-seeds", "2", "--pruners", "dominated:0.5:0.01", "--jobs", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {line.split()[0] for line in proc.stdout.splitlines() if line and not line.startswith((" ", "=="))}
+    assert {"random-arch", "nsga2", "tpe", "tpe-constraints", "gp", "budget-ei", "pruning:"} <= rows, proc.stdout
+    assert "replays in" in proc.stdout and "CPU-min" in proc.stdout

@@ -169,6 +169,24 @@ def test_unknown_dimension_is_an_error(family: str) -> None:
         fam.params({**fam.defaults(), "layers": 1, "heads": 1, "width": 64, "mlp": 64, "depth": 3})
 
 
+def test_the_registry_names_the_module_of_every_family_it_registers() -> None:
+    """`MODULES` (what the registry imports on a name's first use) lists every family explorer's own
+    modules register, each by the module that registers it, so no family is found only by importing all."""
+    import importlib
+    import pkgutil
+
+    import explorer.families as families
+
+    registered = {}
+    for mod in pkgutil.iter_modules(families.__path__):
+        if not mod.name.startswith("_"):
+            module = importlib.import_module(f"explorer.families.{mod.name}")
+            registered |= {f.name: mod.name for f in vars(module).values()
+                           if isinstance(f, type) and issubclass(f, families.Family) and f.__module__ == module.__name__
+                           and "name" in vars(f)}
+    assert registered == families.MODULES
+
+
 def test_registry_knows_every_family_and_how_it_counts() -> None:
     assert set(OWN + TIMM) <= set(family_names())
     for name in OWN + TIMM:

@@ -1,5 +1,6 @@
-"""The layout's promises, checked from the code (issue 21): one job a module, small classes, Optuna's
-private names in one module, and a command line that goes through the Python API."""
+"""The layout's promises, checked from the code (issues 21 and 28): one job a module, small classes,
+Optuna's private names in one module on the bottom floor, modules that import only downward, and a
+command line that goes through the Python API."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "explorer"
-PRIVATE = re.compile(r"optuna\._|\._storage\b|\._trial_id\b|\._backend\b|RDBStorage\._|_pop_waiting_trial_id|storages\._rdb")
+PRIVATE = re.compile(r"optuna\._|\._storage\b|\._trial_id\b|\._study_id\b|\._backend\b|RDBStorage\._(?!_)|_pop_waiting_trial_id|"
+                     r"storages\._rdb|storages\._heartbeat")
 
 
 def python_files(*folders: Path) -> list[Path]:
@@ -29,7 +31,7 @@ def test_no_module_above_450_lines_and_no_class_above_200() -> None:
 def test_optuna_private_names_appear_in_one_module_only() -> None:
     users = {str(p.relative_to(ROOT)) for p in python_files(PACKAGE, ROOT / "bench", ROOT / "tests")
              if p.name != "test_layout.py" and PRIVATE.search(p.read_text())}
-    assert users == {"explorer/study/storage.py"}
+    assert users == {"explorer/optuna_compat.py"}
 
 
 def test_the_command_line_goes_through_the_python_api() -> None:
@@ -47,3 +49,86 @@ def test_the_package_map_names_every_module_of_the_study() -> None:
     for module in (PACKAGE / "study").glob("*.py"):
         if module.name != "__init__.py":
             assert f"`{module.name}`" in doc, module.name
+
+
+def imports_of(path: Path, modules: set[str]) -> set[str]:
+    """The explorer modules `path` imports at run time (at the top or inside functions), with the packages
+    that importing them runs first; imports that serve type checking alone (`if TYPE_CHECKING:`) are no
+    dependency, nor is the top package `explorer` (its `__init__` imports nothing eagerly)."""
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+                   for child in node.body for n in ast.walk(child)}
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        for n in names:  # importing a.b.c runs the package a.b first, unless it is one of this module's own
+            out |= {n} | {p for p in parents(n) if p not in parents(package + ".x") and p != "explorer"}
+    return out & modules
+
+
+def parents(module: str) -> set[str]:
+    parts = module.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts))}
+
+
+def module_graph() -> dict[str, set[str]]:
+    def name(p: Path) -> str:
+        parts = p.relative_to(ROOT).with_suffix("").parts
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    files = {name(p): p for p in python_files(PACKAGE)}
+    return {m: imports_of(p, set(files)) - {m} for m, p in files.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_package_imports_form_no_cycle() -> None:
+    """Every module imports only downward (DESIGN.md): no circle of modules importing each other,
+    counting imports inside functions too."""
+    assert cycles(module_graph()) == []
+
+
+def test_the_cycle_finder_finds_a_circle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []

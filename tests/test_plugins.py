@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import subprocess
@@ -53,7 +54,9 @@ def install(site: Path) -> Path:
 @pytest.fixture
 def registries(monkeypatch: pytest.MonkeyPatch) -> None:
     """Plugins loaded by a test stay out of the registries other tests see."""
-    family_names(), task_names()  # explorer's own register first, into the registries kept
+    for module in set(explorer.families.MODULES.values()):  # explorer's own register first, into the registries kept
+        importlib.import_module(f"explorer.families.{module}")
+    task_names()
     monkeypatch.setattr(explorer.families, "_REGISTRY", dict(explorer.families._REGISTRY))
     monkeypatch.setattr(explorer.tasks, "_REGISTRY", dict(explorer.tasks._REGISTRY))
     monkeypatch.delitem(sys.modules, "my_models", raising=False)

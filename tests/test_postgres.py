@@ -1,105 +1,30 @@
-"""Many `explorer run` workers on one PostgreSQL study: a real server, real worker processes.
-
-The server is the one `.ci/run` starts (EXPLORER_TEST_POSTGRES, EXPLORER_TEST_PGDATA), or else a
-throwaway one started here with initdb/pg_ctl; without PostgreSQL installed the tests skip, saying so.
-Each test gets its own database.
+"""Many `explorer run` workers on one PostgreSQL study: a real server (conftest's `server`), real worker
+processes. Each test gets its own database.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-import pwd
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from glob import glob
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
 import pytest
 import sqlalchemy
-from conftest import write_study
+from conftest import Server, write_study
 
-psycopg = pytest.importorskip("psycopg", reason="the postgres extra (psycopg 3) is not installed")
+pytest.importorskip("psycopg", reason="the postgres extra (psycopg 3) is not installed")
+
 
 COMPLETE, FAIL, RUNNING = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.RUNNING
 SLOW_BUDGET = {"epochs": 6, "batch_size": 32, "lr": 0.003, "seed": 0}  # a few seconds a trial: time to kill one mid-way
-
-
-@dataclass
-class Server:
-    url: str  # of the maintenance database `postgres`
-    pgdata: str | None  # set when this run may restart the server
-    as_owner: list[str]  # prefix that runs pg_ctl as the data directory's owner
-
-    def database(self) -> str:
-        """A new, empty database; its URL."""
-        name = f"t_{uuid.uuid4().hex[:12]}"
-        with psycopg.connect(self.url, autocommit=True) as conn:
-            conn.execute(f"CREATE DATABASE {name}")
-        return str(sqlalchemy.engine.make_url(self.url).set(database=name).render_as_string(hide_password=False))
-
-    def restart(self) -> None:
-        """Restart the server; its output goes to a log file (a pipe would be held open by the new server)."""
-        log = Path(self.pgdata).parent / "restart.log"
-        subprocess.run([*self.as_owner, _bin("pg_ctl"), "-D", self.pgdata, "-l", str(log), "-m", "fast", "-w", "restart"],
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def _bin(name: str) -> str:
-    found = shutil.which(name) or next(iter(sorted(glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)), None)
-    if found is None:
-        pytest.skip(f"no PostgreSQL server can be started here: {name} not found (Debian: apt-get install postgresql)")
-    return found
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
-    url = os.environ.get("EXPLORER_TEST_POSTGRES")
-    if url:
-        owner = os.environ.get("EXPLORER_TEST_PGUSER")
-        yield Server(url, os.environ.get("EXPLORER_TEST_PGDATA"), ["runuser", "-u", owner, "--"] if owner else [])
-        return
-    as_owner: list[str] = []
-    if os.geteuid() == 0:  # initdb refuses to run as root: the cluster belongs to the `postgres` user
-        try:
-            user = pwd.getpwnam("postgres")
-        except KeyError:
-            pytest.skip("no PostgreSQL server can be started here: running as root and there is no `postgres` user")
-        as_owner = ["runuser", "-u", "postgres", "--"]
-    root = Path(tempfile.mkdtemp(prefix="explorer-pg-"))  # short: the server's socket lives here
-    if as_owner:
-        os.chown(root, user.pw_uid, user.pw_gid)
-    secret = root / "password"
-    secret.write_text("explorer-test\n")
-    if as_owner:
-        shutil.chown(secret, "postgres", "postgres")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    data = root / "data"
-    try:
-        subprocess.run([*as_owner, _bin("initdb"), "-D", str(data), "-U", "explorer", f"--pwfile={secret}", "--auth=scram-sha-256"],
-                       check=True, capture_output=True)
-        subprocess.run([*as_owner, _bin("pg_ctl"), "-D", str(data), "-l", str(root / "server.log"), "-w",
-                        "-o", f"-c listen_addresses=127.0.0.1 -p {port} -k {root}", "start"], check=True, capture_output=True)
-    except subprocess.CalledProcessError as err:
-        shutil.rmtree(root, ignore_errors=True)
-        pytest.skip(f"no PostgreSQL server can be started here: {err.stderr.decode(errors='replace').strip()[-300:]}")
-    try:
-        yield Server(f"postgresql://explorer:explorer-test@127.0.0.1:{port}/postgres", str(data), as_owner)
-    finally:
-        subprocess.run([*as_owner, _bin("pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"], capture_output=True)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def worker(path: Path, *args: str) -> subprocess.Popen:
@@ -146,7 +71,8 @@ def test_four_workers_finish_every_configuration_of_a_grid_once(server: Server, 
     url = server.database()
     path = write_study(tmp_path, storage=url)  # a grid of 6 configurations
     results = finish([worker(path) for _ in range(4)])
-    assert all(rc == 0 for rc, _ in results), [(rc, e[:300], e[-500:]) for rc, e in results if rc != 0]
+    failed = "\n\n".join(f"worker exited {rc}; its output:\n{out}" for rc, out in results if rc != 0)
+    assert not failed, failed  # a string, printed whole (pytest shortens a list)
     trials = completed_once(url, 6)
     assert not [t for t in trials if t.state == FAIL]
 
@@ -214,3 +140,17 @@ def test_a_url_whose_driver_is_missing_says_which_to_install(tmp_path: Path) -> 
         study.open()
     assert str(err.value) == (f"{tmp_path / 'study.yaml'}: storage: cannot open storage 'postgresql+psycopg2://explorer:***@127.0.0.1:1/db': "
                               "No module named 'psycopg2'; install the driver (postgresql:// uses psycopg 3: pip install 'explorer[postgres]')")
+
+
+def test_workers_opening_a_new_database_at_once_create_its_tables_one_at_a_time(server: Server, tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 28, item 2: Optuna creates its schema by check-then-create, and two workers that check
+    before either commits both create (`type "studydirection" already exists`). Under the study's
+    advisory lock one creates at a time: a rendezvous inside the creation never meets."""
+    from test_workers import creating_at_once
+
+    from explorer.study import load_study_spec
+
+    path = write_study(tmp_path, storage=server.database())
+    studies = [load_study_spec(path) for _ in range(4)]
+    assert creating_at_once(monkeypatch, *(lambda s=s: s.open() for s in studies)) == (1, False)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -27,7 +28,9 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from explorer.executors.local import LocalExecutor  # noqa: E402
 from explorer.errors import ExplorerError  # noqa: E402
-from explorer.executors.ray_tune import RayExecutor, _Link, experiment_root, make_tuner, restore_tuner, trial_device  # noqa: E402
+from explorer.executors.ray_bridge import _Link  # noqa: E402
+from explorer.executors.ray_tune import RayExecutor, experiment_root, make_tuner, restore_tuner, trial_device  # noqa: E402
+from explorer.faults import Fault  # noqa: E402
 from explorer.frame import trials_frame  # noqa: E402
 from explorer.pruning import Peer  # noqa: E402
 from explorer.study import load_study_spec  # noqa: E402
@@ -36,16 +39,25 @@ from test_tasks import make_images  # noqa: E402
 COMPLETE = optuna.trial.TrialState.COMPLETE
 FAIL = optuna.trial.TrialState.FAIL
 # two nodes: Tune's checkpoints go to a folder both reach (here the same disk; on real hosts NFS or s3://)
-RAY = {"name": "ray", "cpu": 1, "max_concurrent": 2, "max_failures": 2, "storage_path": "ray-results"}
+RAY = {"name": "ray", "cpu": 1, "max_concurrent": 2, "max_failures": 2, "storage_path": "ray-results", "checkpoint_every_s": 0}
 FOUR = {**TINY_SPACE, "free": {"layers": [1, 2], "heads": [1, 2]}}  # a grid of 4: a re-queued config must run
 
 
+FAULTS = TINY_SPACE | {"family": "faulty:FaultyEncoder", "free": {"layers": [1, 2], "heads": [1]}}  # tests/faulty.py
+
+
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    """A head and a worker node, one CPU each: trials run on both."""
+def fault_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("faults")
+
+
+@pytest.fixture(scope="module")
+def cluster(fault_dir: Path) -> Iterator[Cluster]:
+    """A head and a worker node, one CPU each: trials run on both. Its workers import tests/faulty.py."""
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     c.add_node(num_cpus=1)
-    ray.init(address=c.address, logging_level="WARNING")
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parent), "EXPLORER_TEST_FAULT_DIR": str(fault_dir)}
+    ray.init(address=c.address, logging_level="WARNING", runtime_env={"env_vars": env})
     yield c
     ray.shutdown()
     c.shutdown()
@@ -62,9 +74,13 @@ def finished(ostudy: optuna.Study) -> dict[int, tuple]:
     return {t.number: (t.params["arch"], tuple(t.values), t.user_attrs["accuracy"]) for t in ostudy.get_trials(states=(COMPLETE,))}
 
 
-def test_trial_device_is_the_gpu_ray_assigned() -> None:
+def test_trial_device_is_the_gpu_ray_assigned_and_never_the_cpu_instead(monkeypatch: pytest.MonkeyPatch) -> None:
     assert trial_device([]) == "cpu"
-    assert trial_device(["0"]) == "cuda"  # Ray narrows CUDA_VISIBLE_DEVICES to the trial's GPU
+    with pytest.raises(Fault, match=r"Ray assigned GPU 0 on node .*, but torch there sees no CUDA device") as err:
+        trial_device(["0"])  # no GPU here: a node whose torch cannot see the GPU Ray gave is a fault, retried elsewhere
+    assert err.value.broken
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    assert trial_device(["0"]) == "cuda:0"  # Ray narrows CUDA_VISIBLE_DEVICES to the trial's GPU
 
 
 def test_a_trial_stopped_by_ray_leaves_no_checkpoint_to_resume(tiny_study: Path) -> None:
@@ -89,6 +105,15 @@ def test_a_study_rebuilt_from_data_reads_no_yaml(tiny_study: Path, tmp_path: Pat
         (tmp_path / name).rename(tmp_path / f"{name}.moved")
     copy = type(study).from_data(data)
     assert copy.keys == study.keys and copy.identity() == study.identity() and copy.store.url == study.store.url
+
+
+def test_a_restored_driver_stamps_trials_with_the_runs_execution_class(tiny_study: Path) -> None:
+    """Tune pickles the searcher with its link; a driver restored from it (`Tuner.restore`) asks trials
+    under the class the run settled (explorer.executors.devices.settle_class), not under none."""
+    study = load_study_spec(tiny_study)
+    study.evaluator.execution = "cuda bfloat16"
+    restored = pickle.loads(pickle.dumps(_Link(study)))
+    assert restored.study().evaluator.execution == "cuda bfloat16"
 
 
 @pytest.mark.slow
@@ -117,7 +142,7 @@ def test_trials_run_after_the_study_files_are_moved_away_and_tune_knows_the_best
         (tmp_path / name).rename(moved / name)
     link = _Link(study, ostudy)
     try:
-        results = make_tuner(study, link, "moved").fit()
+        results = make_tuner(study, link, "moved", RayExecutor().settle(study, ostudy)).fit()
     finally:
         link.release()
     done = ostudy.get_trials(states=(COMPLETE,))
@@ -202,6 +227,46 @@ def test_killed_worker_is_retried_from_its_checkpoint(cluster: Cluster, tmp_path
     assert len(retried) == 1
     after_kill = [e for pid, e in retried[0] if pid != killed[0] and e is not None]
     assert after_kill and after_kill[0] > 1  # resumed from its checkpoint, not from epoch 1
+
+
+@pytest.mark.slow
+def test_a_broken_cuda_context_is_retried_by_ray_on_a_fresh_worker_and_never_measured(
+        cluster: Cluster, tmp_path: Path, fault_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An illegal memory access in epoch 2: before, the trial was reported as a result (FAILED, measured, never
+    retried) and its worker, CUDA context broken, was kept for later trials (reuse_actors). Now it is a Ray error:
+    Ray retries it in a new worker process, from its epoch-1 checkpoint, and the study records the fault."""
+    monkeypatch.setenv("EXPLORER_TEST_FAULT_DIR", str(fault_dir))
+    import faulty
+
+    faulty.arm("illegal")
+    path = write_study(tmp_path, FAULTS, n_trials=2, budget={"epochs": 3, "batch_size": 64, "lr": 0.003, "seed": 0}, executor=RAY)
+    ostudy = run(path, "ray")
+    done = ostudy.get_trials(states=(COMPLETE,))
+    assert len(done) == 2 and not ostudy.get_trials(states=(FAIL,)) and not faulty.armed()
+    (hit,) = [t for t in done if "faults" in t.user_attrs]
+    (reason,) = hit.user_attrs["faults"]
+    assert re.match(r"AcceleratorError: CUDA error: an illegal memory access was encountered \(Ray node [\d.]+, pid \d+\)$", reason)
+    assert len(hit.user_attrs["curve"]) == 3 and "fail_reason" not in hit.user_attrs
+    rows = [json.loads(line) for line in _result_lines(load_study_spec(path))]
+    (trial_id,) = {r["trial_id"] for r in rows if "fault" in r}
+    pids = [(r["pid"], r.get("epoch")) for r in rows if r["trial_id"] == trial_id]
+    faulted_pid = int(reason.rsplit("pid ", 1)[1].rstrip(")"))
+    after = [epoch for pid, epoch in pids if pid != faulted_pid and epoch]
+    assert after and after[0] == 2  # a fresh worker, resuming after epoch 1's checkpoint
+
+
+@pytest.mark.slow
+def test_checkpoints_reach_ray_only_as_often_as_asked(cluster: Cluster, tmp_path: Path) -> None:
+    """Before, every epoch's report carried a checkpoint, which Ray copies to storage_path. With the default
+    `checkpoint_every_s` (30 s) trials this short hand Ray none; with 0, one an epoch."""
+    budget = {"epochs": 3, "batch_size": 128, "lr": 0.003, "seed": 0}
+    for every, expected in ((30, 0), (0, 3)):
+        folder = tmp_path / str(every)
+        run(write_study(folder, n_trials=1, budget=budget, executor={**RAY, "checkpoint_every_s": every}), "ray")
+        saved = list((folder / "ray-results").rglob("checkpoint_0*"))
+        rows = [json.loads(line) for f in (folder / "ray-results").glob("*/*/result.json") for line in f.read_text().splitlines()]
+        assert sum(r.get("should_checkpoint", False) or bool(r.get("checkpoint_dir_name")) for r in rows) == expected, rows
+        assert len(saved) == min(expected, 2)  # Tune keeps the last 2
 
 
 def _kill_worker_after_epoch_2(study, killed: list[int]) -> None:

@@ -90,7 +90,7 @@ def test_a_study_on_a_cli_cluster_survives_its_worker_node_stopping(head: tuple[
     address, _ = head
     worker = ray_node(["--address", address], tmp_path / "worker.log", env)
     try:
-        budget = {"epochs": 4, "batch_size": 16, "lr": 0.003, "seed": 0}
+        budget = {"epochs": 20, "batch_size": 16, "lr": 0.003, "seed": 0}  # epochs to spare after the 2nd: the node stops mid-trial
         path = write_study(tmp_path, budget=budget, executor=EXECUTOR)  # a grid of 6
         driver = subprocess.Popen([sys.executable, "-m", "explorer.cli", "run", str(path), "--address", address, "--no-dashboard"],
                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -114,6 +114,25 @@ def test_a_study_on_a_cli_cluster_survives_its_worker_node_stopping(head: tuple[
     for noise in ("Number of trials", "Tuner.restore", "train_trial pid=", "Token authentication", "INFO"):
         assert noise not in output, output  # Ray's box, advice and logs went to tiny.ray.log instead
     assert "Started a local Ray instance" not in output and (tmp_path / "tiny.ray.log").stat().st_size > 0
+
+
+def test_ray_client_is_refused_in_one_line_before_anything_is_written(env: dict[str, str], tmp_path: Path) -> None:
+    """Under Ray Client Tune runs its driver on the head node (ray/tune/tuner.py: `TunerInternal` as an actor
+    forced onto the client server's node), where this study's SQLite path would be opened (another file, or
+    none) and this run's progress and Ctrl-C handling would be lost: before, `--address ray://` was advertised
+    and did that. Refused from the address alone, from --address or RAY_ADDRESS, before connecting (no Ray
+    Client server can run here anyway: it needs `ray[client]`, which explorer does not install)."""
+    path = write_study(tmp_path, executor=EXECUTOR)
+    url = "ray://127.0.0.1:10001"
+    command = [sys.executable, "-m", "explorer.cli", "run", str(path), "--no-dashboard"]
+    for args, extra in (([ "--address", url], {}), ([], {"RAY_ADDRESS": url})):
+        out = subprocess.run(command + args, env={**env, **extra}, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 1, out.stderr
+        assert out.stderr.strip().splitlines()[-1] == (
+            f"error: {path}: executor.address: {url} is Ray Client, under which Ray Tune's driver (and this study's storage and "
+            "searcher) would run on the head node, not here: run `explorer run` on the head node with --address auto (or from any "
+            "node with the head's host:port, e.g. 10.0.0.1:6379)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["auth_token", "space.yaml", "study.yaml"]  # nothing written
 
 
 def _results(root: Path) -> list[dict]:

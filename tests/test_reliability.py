@@ -29,7 +29,9 @@ from explorer.executors.local import LocalExecutor
 from explorer.families import get_family
 from explorer.study import load_study_spec
 from explorer.study.evaluate import Evaluator
-from explorer.study.storage import Store, pop_waiting, storage_of
+from explorer.optuna_compat import pop_waiting, storage_of
+from explorer.study.liveness import beating
+from explorer.study.storage import Store
 from explorer.watchdog import TrialTimeout, time_limit
 
 COMPLETE, FAIL, RUNNING = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.RUNNING
@@ -116,26 +118,33 @@ def test_queued_grid_trials_are_popped_once_under_a_race(tmp_path: Path) -> None
     assert sorted(got) == sorted(load_study_spec(path).keys)
 
 
-def test_a_configuration_running_in_another_worker_is_waited_for_not_retrained(tmp_path: Path) -> None:
-    path = write_study(tmp_path, sampler={"name": "random", "seed": 0}, budget=QUICK, n_trials=1)
+def test_a_worker_waits_for_another_workers_trial_and_runs_the_replicates_its_result_asks_for(tmp_path: Path) -> None:
+    """With nothing to start while another worker trains the last configuration, a worker neither trains
+    it again nor exits: it waits, and trains the replicate seeds that trial's result queues."""
+    path = write_study(tmp_path, budget={**QUICK, "seeds": 2}, replicates={"policy": "fixed"}, n_trials=1,
+                       sampler={"name": "random", "seed": 0})
     study = load_study_spec(path)
     ostudy = study.open()
-    key = study.keys[0]
-    ostudy.enqueue_trial({"arch": key})
-    other = ostudy.ask()  # another worker's trial, mid-training on the first configuration
-    assert other.suggest_categorical("arch", study.keys) == key
+    other, cfg = study.queue.claim(ostudy)  # another worker's trial, mid-training, beating
+    beats = beating(ostudy, other)
+    beats.__enter__()
 
-    def finish_other() -> None:  # once this worker has taken the same configuration and waits for it
-        await_condition(lambda: any(t.number > other.number and t.params.get("arch") == key
-                                    for t in ostudy.get_trials(deepcopy=False, states=(RUNNING,))))
-        other.set_user_attr("accuracy", 0.5)
-        ostudy.tell(other, [0.5, 123.0])
+    def finish_other() -> None:  # once this worker has found nothing to start (it repairs and waits)
+        await_condition(lambda: waited.is_set())
+        attrs = study.evaluator.evaluate(cfg, other.number)
+        for key, value in attrs.items():
+            other.set_user_attr(key, value)
+        ostudy.tell(other, study.evaluator.values(attrs))
+        beats.__exit__(None, None, None)
 
+    waited = threading.Event()
+    waiting = study.queue.waiting
+    study.queue.waiting = lambda s: (waited.set(), waiting(s))[1]
     threading.Thread(target=finish_other).start()
-    ostudy.enqueue_trial({"arch": key})  # this worker is given the same configuration
     LocalExecutor().run(study, ostudy)
-    mine = ostudy.trials[-1]
-    assert mine.params["arch"] == key and mine.user_attrs["duplicate_of"] == other.number and mine.values == [0.5, 123.0]
+    runs = sorted((t.params["arch"], t.user_attrs.get("seed", 0), t.number) for t in ostudy.get_trials(states=(COMPLETE,)))
+    assert [r[:2] for r in runs] == [(cfg.key, 0), (cfg.key, 1)] and runs[0][2] == other.number
+    assert not any("duplicate_of" in t.user_attrs for t in ostudy.trials)
 
 
 def test_a_trial_taken_by_a_worker_that_died_before_its_first_heartbeat_is_rerun(tmp_path: Path) -> None:
@@ -246,8 +255,8 @@ def test_a_full_storage_is_one_clear_error_and_loses_nothing(tmp_path: Path, mon
     before = stored(run(path))
     real_storage = Store.storage
 
-    def capped(self):
-        storage = real_storage(self)
+    def capped(self, **kwargs):
+        storage = real_storage(self, **kwargs)
 
         @sqlalchemy.event.listens_for(storage.engine, "connect")
         def cap(dbapi_connection, record) -> None:

@@ -1,5 +1,8 @@
 """Commands that need no heavy engine do not import one: `import explorer.cli`, `explorer params` of an
-own family and `explorer status` stay near the cost of importing torch (bench/startup.py times them)."""
+own family and `explorer status` stay near the cost of importing torch (bench/startup.py times them).
+
+`params` of an own family counts in closed form and imports no torch, no Optuna storage and none of
+the study's machinery; the family registry imports a family's module only when its name is used."""
 
 from __future__ import annotations
 
@@ -12,6 +15,8 @@ from conftest import write_study
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = {"timm", "torchvision", "transformers", "ray", "plotly", "sklearn", "scipy.stats"}
+# what counting an own family's space needs none of: the training engine and the study's storage and statistics
+NOT_FOR_COUNTING = {"torch", "sqlalchemy", "scipy", "explorer.study", "explorer.tasks", "explorer.train"}
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
@@ -23,7 +28,8 @@ def imported(args: list[str], cwd: Path) -> set[str]:
 
 
 def test_import_cli_loads_no_heavy_engine(tmp_path: Path) -> None:
-    assert HEAVY.isdisjoint(imported(["-c", "import explorer.cli"], tmp_path))
+    modules = imported(["-c", "import explorer.cli"], tmp_path)
+    assert (HEAVY | NOT_FOR_COUNTING).isdisjoint(modules), sorted((HEAVY | NOT_FOR_COUNTING) & modules)
 
 
 def test_params_and_status_of_an_own_family_load_no_heavy_engine(tmp_path: Path) -> None:
@@ -33,3 +39,21 @@ def test_params_and_status_of_an_own_family_load_no_heavy_engine(tmp_path: Path)
     for command in (["params", str(tmp_path / "space.yaml")], ["status", str(path)]):
         modules = imported(["-m", "explorer.cli", *command], tmp_path)
         assert "explorer.families" in modules and HEAVY.isdisjoint(modules), (command, sorted(HEAVY & modules))
+    counting = (["params", str(ROOT / "spaces" / "vit-digits.yaml")],
+                ["params", "--family", "causal-lm", "--layers", "2", "--heads", "2", "--width", "64", "--mlp", "128"])
+    for command in counting:
+        modules = imported(["-m", "explorer.cli", *command], tmp_path)
+        assert NOT_FOR_COUNTING.isdisjoint(modules), (command, sorted(NOT_FOR_COUNTING & modules))
+
+
+def test_the_family_registry_imports_a_family_on_first_use(tmp_path: Path) -> None:
+    """Listing the families imports none; counting one imports its own module, and neither torch nor another family's."""
+    code = ("import sys; from explorer.families import family_names, get_family; names = family_names(); "
+            "print(sorted(m for m in sys.modules if m.startswith('explorer.families.'))); "
+            "print(get_family('sequence-classifier').params({'layers': 2, 'heads': 2, 'width': 8, 'mlp': 16})); "
+            "print(sorted(m for m in sys.modules if m.startswith('explorer.families.') or m == 'torch'))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=ENV, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    listed, count, counted = proc.stdout.splitlines()
+    assert listed == "[]" and int(count) > 0
+    assert counted == "['explorer.families._counts', 'explorer.families.sequence']"

@@ -132,7 +132,7 @@ def test_sigkill_mid_trial_then_resume_loses_nothing(tmp_path: Path) -> None:
         assert (trials[number].params["arch"], tuple(trials[number].values), trials[number].user_attrs["accuracy"]) == (arch, values, acc)
     assert trials[running.number].state == optuna.trial.TrialState.FAIL  # marked failed ...
     done = [t for t in trials if t.state == COMPLETE]
-    retried = [t for t in done if t.system_attrs.get("failed_trial") == running.number]
+    retried = [t for t in done if t.user_attrs.get("retry_of") == running.number]
     assert retried and retried[0].params["arch"] == running.params["arch"]  # ... and its config re-run
     archs = [t.params["arch"] for t in done]
     assert len(archs) == len(set(archs)) == 6  # nothing ran twice to completion; n_trials reached

@@ -97,7 +97,7 @@ def test_epochs_reshuffle_and_resume_reproduces_them() -> None:
     epoch1 = torch.cat([y for _, y in loader])
     assert not torch.equal(epoch0, epoch1) and torch.equal(epoch0.sort().values, epoch1.sort().values)
     resumed = get_task("digits", {}, SRC).load(batch_size=64, seed=3).train
-    resumed.sampler.set_epoch(1)
+    resumed.set_epoch(1)
     assert torch.equal(torch.cat([y for _, y in resumed]), epoch1)
 
 

@@ -238,3 +238,128 @@ def test_trials_in_threads_initialise_as_they_would_alone(monkeypatch: pytest.Mo
     for t in threads:
         t.join()
     assert together == alone
+
+
+def test_a_resume_in_another_thread_leaves_a_trial_being_initialised_alone(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """Trial B resumes from a checkpoint (restoring torch's global RNG state) while trial A, in another thread,
+    is seeding that RNG and drawing its model's initialisation. Before, B set the state outside the seed lock,
+    in the middle of A's draws, and A's model came out different from A alone."""
+    import threading
+    import time
+
+    import explorer.checkpoints as checkpoints_module
+    import explorer.train as train_module
+
+    family = get_family("image-encoder")
+    task = get_task("digits", {})
+    a_dims, b_dims = {**IMAGE, "layers": 1}, IMAGE
+    budget = Budget(epochs=2, max_steps=6, seed=0)
+    with pytest.raises(Interrupt):  # B's checkpoint after its first epoch
+        run_trial("image-encoder", b_dims, task, Budget(epochs=2, seed=1), checkpoint_dir=tmp_path, device="cpu",
+                  callback=lambda e, m: _raise(Interrupt))
+    a_building, b_loaded, racing = threading.Event(), threading.Event(), threading.Event()
+
+    class SlowBuild:  # A: draws half its initialisation, lets B resume meanwhile, draws the rest
+        def __getattr__(self, name):
+            return getattr(family, name)
+
+        def build(self, dims):
+            if dims["layers"] != a_dims["layers"]:
+                return family.build(dims)
+            family.build(dims)
+            if racing.is_set():
+                a_building.set()
+                b_loaded.wait(10)
+                time.sleep(0.3)  # time for B to restore the RNG state unless it waits for the seed lock
+            return family.build(dims)
+
+    load = checkpoints_module.torch.load
+
+    def loaded(*args, **kwargs):  # B: about to restore its RNG state once A is inside its build
+        a_building.wait(10)
+        out = load(*args, **kwargs)
+        b_loaded.set()
+        return out
+
+    monkeypatch.setattr(train_module, "get_family", lambda name: SlowBuild())
+    alone = train("image-encoder", a_dims, task, budget)[0].curve
+    monkeypatch.setattr(checkpoints_module.torch, "load", loaded)
+    racing.set()
+    together: dict[str, list] = {}
+    resumed = threading.Thread(target=lambda: together.setdefault("b", run_trial(
+        "image-encoder", b_dims, task, Budget(epochs=2, seed=1), checkpoint_dir=tmp_path, device="cpu").curve))
+    resumed.start()
+    time.sleep(0.2)  # B is past its own build (fast), waiting in its load for A
+    together["a"] = train("image-encoder", a_dims, task, budget)[0].curve
+    resumed.join(30)
+    assert together["a"] == alone and len(together["b"]) == 2
+
+
+def _raise(err: type[Exception]) -> None:
+    raise err
+
+
+def test_a_checkpoint_resumes_with_fewer_gpus_than_it_was_saved_with(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """A checkpoint of a 2-GPU node (every visible GPU's RNG state, as explorer saved them) resumed where one GPU
+    is visible: before, restoring GPU 1's state raised IndexError (torch.cuda.default_generators[1]), the trial
+    failed and its checkpoint was deleted. Now only the trial's own GPU's state is restored, on its device."""
+    import explorer.checkpoints as checkpoints_module
+    import explorer.train as train_module
+    from explorer import checkpoints
+
+    task, budget = get_task("digits", {}), Budget(epochs=2, lr=3e-3)
+    with pytest.raises(Interrupt):
+        run_trial("image-encoder", IMAGE, task, budget, lambda e, m: _raise(Interrupt), checkpoint_dir=tmp_path, device="cpu")
+    path = tmp_path / "checkpoint.pt"
+    payload = torch.load(path, weights_only=True)
+    states = [torch.full((16,), i, dtype=torch.uint8) for i in range(2)]
+    payload["rng"]["cuda"] = states  # as saved on a node with two GPUs
+    torch.save(payload, path)
+    restored: list = []
+
+    def set_rng_state(state, device="cuda"):  # one GPU visible: torch indexes its generators by the device
+        index = torch.device(device).index or 0
+        if index >= 1:
+            raise IndexError("tuple index out of range")
+        restored.append((int(state[0]), index))
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", set_rng_state)
+    monkeypatch.setattr(torch.cuda.random, "set_rng_state", set_rng_state)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda new: [set_rng_state(s, i) for i, s in enumerate(new)])
+    model = get_family("image-encoder").build(IMAGE)
+    optimizer = train_module._adamw(model, budget, "cpu")  # as the trial built it
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    loader = task.load(64, 0).train
+    owner = {"family": "image-encoder", "dims": dict(IMAGE)}
+    progress = checkpoints.load(path, owner, checkpoints.Parts(model, optimizer, scheduler, loader), "cuda:0", checkpoints_module.threading.Lock())
+    assert progress["epoch"] == 1 and restored == [(0, 0)]  # the trial's own GPU's state (it was the first), on cuda:0
+    assert path.exists()
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": torch.full((16,), torch.device(device).index, dtype=torch.uint8))
+    checkpoints.save(path, owner, checkpoints.Parts(model, optimizer, scheduler, loader), progress, "cuda:1")
+    assert int(torch.load(path, weights_only=True)["rng"]["cuda"][0]) == 1  # saved: the trial's GPU only
+
+
+def test_checkpoints_are_written_as_often_as_asked(tmp_path: Path):
+    task, budget = get_task("digits", {}), Budget(epochs=3, batch_size=512)
+    path = tmp_path / "checkpoint.pt"
+    seen: list[bool] = []
+    run_trial("image-encoder", IMAGE, task, budget, lambda e, m: seen.append(path.exists()), checkpoint_dir=tmp_path, device="cpu",
+              checkpoint_every_s=3600)
+    assert seen == [False, False, False]  # a trial shorter than the interval writes none
+    stamps: list[int] = []
+    run_trial("image-encoder", IMAGE, task, budget, lambda e, m: stamps.append(path.stat().st_mtime_ns), checkpoint_dir=tmp_path,
+              device="cpu", checkpoint_every_s=0)
+    assert len(set(stamps)) == 3  # every epoch
+
+
+def test_out_of_memory_on_a_gpu_says_what_the_trial_needed(monkeypatch: pytest.MonkeyPatch):
+    import explorer.train as train_module
+
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 70 * 2**30)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 71 * 2**30)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: type("P", (), {"total_memory": 80 * 2**30})())
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    words = train_module._memory_needed("cuda:0", "CUDA out of memory. Tried to allocate 12.00 GiB. GPU 0 has a total capacity")
+    assert words == "it needed more than 82.00 GiB of the 80.00 GiB of NVIDIA H100 80GB HBM3; "
+    assert train_module._memory_needed("cpu", "anything") == ""

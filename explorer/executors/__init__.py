@@ -1,25 +1,17 @@
-"""Executors run a study's trials and record them in its Optuna storage.
+"""Executors run a study's trials and record them in its Optuna storage (the interface: base.py).
 
-One narrow interface, like Optuna's samplers: `run(study, optuna_study, on_trial)`. `local` runs
-trials in this process; `ray` runs them through Ray Tune (the only module that imports Ray).
+`prepare(study)` resolves the devices the trials will train on (explorer.executors.devices) before the
+storage is opened, so a device that cannot be had is one line with nothing written; `run(study,
+optuna_study, on_trial)` runs the trials. `local` runs trials in this process; `ray` runs them through
+Ray Tune (the only modules that import Ray are `ray_tune.py` and `ray_bridge.py`). `seedgroups` lets a
+local worker train its configuration's queued seeds with its trial, as one model.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import Callable
+from explorer.executors.base import Executor, TrialCallback
 
-import optuna
-
-from explorer.study import Study
-
-TrialCallback = Callable[[optuna.Study, optuna.trial.FrozenTrial], None]
-
-
-class Executor(ABC):
-    @abstractmethod
-    def run(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None = None) -> None:
-        """Run trials until `study.queue.remaining(ostudy)` is 0, recording each in `ostudy`'s storage."""
+__all__ = ["Executor", "TrialCallback", "get_executor"]
 
 
 def get_executor(name: str) -> Executor:

@@ -1,151 +1,229 @@
-"""Run a study's trials in this process (Optuna's `study.optimize`): one after another, or
-`executor.n_jobs` at once in threads.
+"""Run a study's trials in this process: one after another, or `executor.n_jobs` at once in threads.
 
-Several such workers (processes, hosts) may run one study on a shared storage: a grid study's
-configurations are popped from its queue, each by one worker; a sampled configuration that an
-earlier trial of another worker is still training is waited for and answered from storage.
+Each worker (a thread) loops with Optuna's ask-and-tell interface: claim a trial under the study's lock
+(`Queue.claim`: the count of what is left and the start are one step for every worker of every
+process), beat for it (explorer.study.liveness), train it, tell its result, queue what the result asks
+for (replicate seeds). A worker with nothing to start stays while trials run anywhere: their results
+may queue more, and their workers may die and leave them to retry. Several such processes (hosts) may
+run one study on a shared storage, and every (configuration, seed) is trained once.
 
-Ctrl-C interrupts training only: one that lands while Optuna records a finished trial (or between
-trials) lets that record complete and then stops the study, so no finished result is lost. The
-interrupted trial is queued again and resumes from its checkpoint; `run` then raises
-KeyboardInterrupt for the caller to say how to resume.
+Ctrl-C interrupts training only: one that lands while a finished trial is recorded (or between trials)
+lets that record complete and then stops the study, so no finished result is lost. The interrupted
+trial is queued again and resumes from its checkpoint; `run` then raises KeyboardInterrupt for the
+caller to say how to resume.
+
+Each trial trains on the device a `DevicePool` lends it (explorer.executors.devices). A fault
+(explorer.faults) fails the trial without measuring it and queues it again; one that broke the
+process's CUDA context also stops the run, whose next `explorer resume` is the fresh worker.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
 import optuna
 import torch
 
-from explorer.errors import ExplorerError, TrialFailed
-from explorer.executors import Executor, TrialCallback
+from explorer.errors import ExplorerError, TrialFailed, TrialReclaimed
+from explorer.executors import seedgroups
+from explorer.executors.base import Executor, TrialCallback
+from explorer.executors.devices import DevicePool, Execution, local_execution
+from explorer.faults import Fault
+from explorer.optuna_compat import storage_of, trial_storage_id
+from explorer.space import Config
 from explorer.study import STORAGE_ERRORS, Study
-from explorer.study.storage import storage_of
+from explorer.study.liveness import beating
+
+_RUNNING, _FAIL, _PRUNED = optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED
 
 
 class LocalExecutor(Executor):
+    def prepare(self, study: Study) -> Execution:
+        self.execution = local_execution(study)
+        return self.execution
+
     def run(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None = None) -> None:
-        interrupts = _Interrupts(in_threads=study.spec.executor.n_jobs > 1)
+        execution = self.settle(study, ostudy)
+        interrupts = _Interrupts(in_threads=execution.slots > 1)
+        torch.set_num_threads(max(1, int(study.spec.executor.cpu)))  # CPUs per trial, as Ray would allot
+        worker = _Worker(study, ostudy, on_trial, interrupts, DevicePool(execution))
         try:
-            with interrupts.installed(), _quiet_heartbeat_faults():
-                self._run(study, ostudy, on_trial, interrupts)
+            with interrupts.installed():
+                if execution.slots == 1:
+                    worker.loop()
+                else:
+                    worker.in_threads(execution.slots)
         except STORAGE_ERRORS as err:  # locked past the timeout, read-only, full, corrupt: finished trials stay stored
             raise study.store.error(err) from None
-        except UnboundLocalError as err:  # Optuna's tell lost the storage, then its cleanup read an unset state
-            cause = _storage_fault(err)
-            if cause is None:
-                raise
-            raise study.store.error(cause) from None
+        if worker.broken:  # no later trial may use this process's CUDA context: the next run is the fresh worker
+            raise ExplorerError(f"{worker.broken[0]}; this process's CUDA context is unusable, so the run stops: the trial is "
+                                f"queued again, continue with: explorer resume {study.source}")
         if interrupts.requested:
             raise KeyboardInterrupt
-
-    def _run(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None, interrupts: _Interrupts) -> None:
-        study.queue.replicates(ostudy)  # a resumed study queues the replicates it still lacks
-        if _done(study, ostudy):
-            return
-        metric = study.task.metric
-        torch.set_num_threads(max(1, int(study.spec.executor.cpu)))  # CPUs per trial, as Ray would allot
-
-        def objective(trial: optuna.Trial) -> list[float]:
-            slots.taken()
-            cfg = study.evaluator.suggest(trial)
-            _await_earlier(study, ostudy, trial, cfg.key, interrupts)
-            values = study.evaluator.answer_from_storage(ostudy, trial, cfg)
-            if values is not None:  # a sampler may propose a configuration again: never train it twice
-                return values
-            trial.set_user_attr("config", cfg.dims)
-            trial.set_user_attr("params", cfg.params)
-            frozen = ostudy.get_trials(deepcopy=False)[trial.number]
-            curve: list[float] = []
-
-            def on_epoch(epoch: int, metrics: dict[str, float]) -> None:
-                value = metrics[metric]
-                curve.append(value)
-                trial.set_user_attr("curve", curve)
-                if interrupts.requested:  # trials in threads stop here (signals reach the main thread only)
-                    raise KeyboardInterrupt
-                if study.evaluator.should_prune(ostudy, trial.number, epoch + 1, value, cfg):
-                    raise optuna.TrialPruned(f"{metric} {value:.4g} at epoch {epoch + 1}: pruned ({study.spec.pruner.name})")
-
-            try:
-                with interrupts.armed():
-                    attrs = study.evaluator.evaluate(cfg, study.lineage(frozen), on_epoch, seed=study.seed_of(trial))
-            except (TrialFailed, ExplorerError) as err:  # ExplorerError: the study's data is bad; it stops the study
-                trial.set_user_attr("fail_reason", str(err))
-                raise
-            except KeyboardInterrupt:  # Optuna marks it failed; queue its configuration for the resume
-                trial.set_user_attr("interrupted", "interrupted (Ctrl-C) while it trained; its configuration is queued again")
-                study.queue.requeue(ostudy, frozen)
-                raise
-            for key, value in attrs.items():
-                trial.set_user_attr(key, value)
-            return study.evaluator.values(attrs)
-
-        def after(s: optuna.Study, t: optuna.trial.FrozenTrial) -> None:
-            if not interrupts.requested:
-                study.queue.replicates(s)
-            if on_trial is not None:
-                on_trial(s, t)
-            if interrupts.requested or _done(study, s) or study.reads.too_many_failures(s) or not slots.reserve(study.queue.unstarted(s)):
-                s.stop()
-
-        while True:  # a round of replicates may be queued after the last trial stopped the study
-            slots = _Slots()
-            jobs = min(study.spec.executor.n_jobs, max(1, study.queue.unstarted(ostudy)))
-            ostudy.optimize(objective, callbacks=[after], catch=(TrialFailed,), gc_after_trial=False, n_jobs=jobs)
-            if interrupts.requested or study.reads.too_many_failures(ostudy):
-                break
-            study.queue.replicates(ostudy)
-            if _done(study, ostudy):
-                break
         if study.reads.too_many_failures(ostudy):
             raise ExplorerError(f"stopped after {study.reads.failures(ostudy)} failed trials (max_failures: {study.spec.max_failures}); "
                                 "see `explorer status` for their reasons", source=str(study.source))
 
 
-class _Slots:
-    """Trials this process's threads decided to start but have not asked for yet.
+class _Worker:
+    """The loop every thread of this process runs, and what stops them all."""
 
-    With `n_jobs` threads, two trials ending together would each see the last unstarted trial and
-    both start one: the second would ask an empty grid queue (a duplicate) or sample a configuration
-    past `n_trials`. A thread starts another trial only if one is left beyond those already reserved.
-    """
+    def __init__(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None, interrupts: _Interrupts,
+                 pool: DevicePool):
+        self.study, self.ostudy, self.on_trial, self.interrupts, self.pool = study, ostudy, on_trial, interrupts, pool
+        self.stop = interrupts.wake  # set by Ctrl-C, too many failures, a broken CUDA context, or a thread's study error
+        self.broken: list[str] = []  # faults that broke this process's CUDA context
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._reserved = 0
+    def in_threads(self, n: int) -> None:
+        errors: list[BaseException] = []
 
-    def reserve(self, unstarted: int) -> bool:
-        with self._lock:
-            if unstarted - self._reserved <= 0:
-                return False
-            self._reserved += 1
-            return True
+        def run() -> None:
+            try:
+                self.loop()
+            except BaseException as err:  # noqa: BLE001  the first is raised in the main thread once all have stopped
+                errors.append(err)
+                self.stop.set()
 
-    def taken(self) -> None:
-        with self._lock:
-            self._reserved = max(0, self._reserved - 1)
+        threads = [threading.Thread(target=run, name=f"explorer-trial-{i}") for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(0.2)  # a bounded join lets the main thread take Ctrl-C
+        if errors:
+            raise errors[0]
+
+    def loop(self) -> None:
+        study, ostudy = self.study, self.ostudy
+        while not self.stop.is_set():
+            claimed = study.queue.claim(ostudy)
+            if claimed is None:  # fail dead workers' trials, queue them again, queue a round of replicates
+                study.queue.waiting(ostudy)
+                study.queue.replicates(ostudy)
+                claimed = study.queue.claim(ostudy)
+            if claimed is None:
+                if not ostudy.get_trials(deepcopy=False, states=(_RUNNING,)):
+                    return  # nothing to start, and nothing running anywhere that could give more
+                self.stop.wait(study.spec.heartbeat_s)
+                continue
+            trial, cfg = claimed
+            with beating(ostudy, trial):
+                frozen = self.trial(trial, cfg)
+            if frozen is not None:
+                self.after(frozen)
+
+    def trial(self, trial: optuna.Trial, cfg: Config) -> optuna.trial.FrozenTrial | None:
+        """Train one claimed trial (with its configuration's queued seeds, where training them as one model
+        pays: explorer.executors.seedgroups) and tell its result; None when another worker reclaimed it."""
+        study, ostudy, interrupts = self.study, self.ostudy, self.interrupts
+        values = study.evaluator.answer_from_storage(ostudy, trial, cfg)
+        if values is not None:  # a sampler may propose a configuration again: never train it twice
+            return _tell(ostudy, trial, values=values)
+        trial.set_user_attr("config", cfg.dims)
+        trial.set_user_attr("params", cfg.params)
+        stored = storage_of(ostudy).get_trial(trial_storage_id(trial))
+        alone = bool(stored.user_attrs.get("alone"))  # out of memory beside others once: a device of its own
+        try:
+            with self.pool.lease(alone=alone) as lease:
+                group = [] if alone else seedgroups.claim(study, ostudy, trial, cfg, lease.device)
+                with interrupts.armed():
+                    attrs = (seedgroups.train_together(study, ostudy, trial, cfg, group, self.reporter, self.ended, lease.device)
+                             if group else None)
+                    if attrs is None:
+                        attrs = study.evaluator.evaluate(cfg, study.lineage(stored), self.reporter(trial), lease.device,
+                                                         seed=study.seed_of(trial), shared=lambda: lease.shared)
+        except Fault as err:  # not a measurement: queued again (past executor.max_failures it fails by itself)
+            study.evaluator.fault(ostudy, trial, err)
+            frozen = _tell(ostudy, trial, state=_FAIL)
+            study.queue.requeue_dead(ostudy)
+            if err.broken:
+                self.broken.append(f"trial {trial.number} ({cfg.key}): {err}")
+                self.stop.set()
+            return frozen
+        except optuna.TrialPruned:
+            return _tell(ostudy, trial, state=_PRUNED)
+        except (TrialFailed, ExplorerError) as err:  # ExplorerError: the study's data is bad; it stops the study
+            trial.set_user_attr("fail_reason", str(err))
+            frozen = _tell(ostudy, trial, state=_FAIL)
+            if isinstance(err, ExplorerError):
+                raise
+            return frozen
+        except TrialReclaimed:
+            return None
+        except KeyboardInterrupt:  # failed, and its configuration queued again for the resume
+            trial.set_user_attr("interrupted", "interrupted (Ctrl-C) while it trained; its configuration is queued again")
+            _tell(ostudy, trial, state=_FAIL)
+            study.queue.requeue_dead(ostudy)
+            self.stop.set()
+            raise
+        except BaseException:
+            _tell(ostudy, trial, state=_FAIL)  # an error of explorer's own: the trial is retried, the study stops
+            raise
+        for key, value in attrs.items():
+            trial.set_user_attr(key, value)
+        return _tell(ostudy, trial, values=study.evaluator.values(attrs))
+
+    def reporter(self, trial: optuna.Trial) -> Callable[[int, dict[str, float]], None]:
+        """What `trial` does after each epoch: record its curve, stop if reclaimed or interrupted, prune."""
+        study, ostudy, interrupts, curve = self.study, self.ostudy, self.interrupts, []
+        cfg = study.configs[trial.params["arch"]]
+
+        def on_epoch(epoch: int, metrics: dict[str, float]) -> None:
+            value = metrics[study.task.metric]
+            curve.append(value)
+            if storage_of(ostudy).get_trial(trial_storage_id(trial)).state != _RUNNING:
+                raise TrialReclaimed  # failed as dead by another worker: its retry trains it, from the checkpoint
+            trial.set_user_attr("curve", curve)
+            if interrupts.requested:  # trials in threads stop here (signals reach the main thread only)
+                raise KeyboardInterrupt
+            if study.evaluator.should_prune(ostudy, trial.number, epoch + 1, value, cfg):
+                raise optuna.TrialPruned(f"{study.task.metric} {value:.4g} at epoch {epoch + 1}: pruned ({study.spec.pruner.name})")
+
+        return on_epoch
+
+    def ended(self, frozen: optuna.trial.FrozenTrial | None) -> None:
+        """After a trial of a seed group ended (None: it was reclaimed)."""
+        if frozen is not None:
+            self.after(frozen)
+
+    def after(self, frozen: optuna.trial.FrozenTrial) -> None:
+        study, ostudy = self.study, self.ostudy
+        if not self.interrupts.requested:
+            study.queue.replicates(ostudy)
+        if self.on_trial is not None:
+            self.on_trial(ostudy, frozen)
+        if study.reads.too_many_failures(ostudy):
+            self.stop.set()
+
+
+def _tell(ostudy: optuna.Study, trial: optuna.Trial, **kwargs: object) -> optuna.trial.FrozenTrial | None:
+    """Record a trial's end; None when another worker failed it as dead meanwhile (its retry records it)."""
+    try:
+        return ostudy.tell(trial, **kwargs)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return None
 
 
 class _Interrupts:
     """SIGINT raises KeyboardInterrupt only while a trial trains (`armed`); elsewhere it is remembered.
 
     With trials in threads (`in_threads`) it is only remembered: each trial raises it at its next epoch.
+    `wake` is set with it, so a worker waiting for others' trials stops at once.
     """
 
     def __init__(self, in_threads: bool = False) -> None:
         self.requested = False
+        self.wake = threading.Event()
         self._armed = False
         self._in_threads = in_threads
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.requested = True
+        self.wake.set()
         if self._armed and not self._in_threads:
             raise KeyboardInterrupt
 
@@ -169,54 +247,3 @@ class _Interrupts:
             yield
         finally:
             self._armed = False
-
-
-def _done(study: Study, ostudy: optuna.Study) -> bool:
-    """n_trials reached, or (grid) nothing left in the queue: what runs elsewhere finishes there."""
-    return study.queue.remaining(ostudy) == 0 or (study.spec.sampler.name == "grid" and study.queue.waiting(ostudy) == 0)
-
-
-def _await_earlier(study: Study, ostudy: optuna.Study, trial: optuna.Trial, key: str, interrupts: _Interrupts) -> None:
-    """Wait while an earlier trial (another worker's) trains the same configuration at the same seed.
-
-    Only earlier trials are waited for, so two workers never wait for each other; a stale one (its
-    worker died) is failed by `waiting` after the heartbeat grace period, and then this trial trains.
-    Without heartbeats (journal files) a dead worker's trial stays RUNNING, so there is no waiting.
-    """
-    if getattr(storage_of(ostudy), "get_heartbeat_interval", lambda: None)() is None:
-        return
-    running, seed = (optuna.trial.TrialState.RUNNING,), study.seed_of(trial)
-    while any(t.number < trial.number and t.params.get("arch") == key and study.seed_of(t) == seed
-              for t in ostudy.get_trials(deepcopy=False, states=running)):
-        if interrupts.requested:
-            raise KeyboardInterrupt
-        time.sleep(study.spec.heartbeat_s)
-        study.queue.waiting(ostudy)
-
-
-@contextmanager
-def _quiet_heartbeat_faults() -> Iterator[None]:
-    """Optuna's heartbeat thread dies with a traceback when the storage goes away; the main thread
-    reports the same fault as one line on its next write, so the thread's traceback is left out."""
-    previous = threading.excepthook
-
-    def hook(args: threading.ExceptHookArgs) -> None:
-        if not isinstance(args.exc_value, STORAGE_ERRORS):
-            previous(args)
-
-    threading.excepthook = hook
-    try:
-        yield
-    finally:
-        threading.excepthook = previous
-
-
-def _storage_fault(err: BaseException) -> BaseException | None:
-    """The storage error behind `err`, if any: when the storage fails inside Optuna's tell, its
-    `finally` reads a state its `except` never set, and the UnboundLocalError hides the real fault."""
-    seen = err.__context__
-    while seen is not None:
-        if isinstance(seen, STORAGE_ERRORS):
-            return seen
-        seen = seen.__context__
-    return None

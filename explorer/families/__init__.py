@@ -1,30 +1,44 @@
 """Model families by name, like timm's `register_model` / `create_model`.
 
 A family knows how to count a configuration's parameters (and forward FLOPs) without building it,
-and how to build it. Adding a family is one new module in this package that calls `register`; a
-family in the user's own package arrives as a plugin (`explorer.plugins`: an `explorer.families`
-entry point, or `module:Class` named in the space's YAML).
+and how to build it. Adding a family is one new module in this package that calls `register`, and
+its name in `MODULES`; a family in the user's own package arrives as a plugin (`explorer.plugins`:
+an `explorer.families` entry point, or `module:Class` named in the space's YAML).
+
+The registry knows which module registers each name without importing it, and imports a module the
+first time one of its names is asked for: counting a space of an own family imports neither torch
+(its models are built in `_transformer.py`) nor timm nor transformers.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-import pkgutil
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import torch
 from pydantic import BaseModel
 
 from explorer import plugins
 from explorer.errors import ExplorerError
 
+if TYPE_CHECKING:
+    from torch import nn
+
 Dims = Mapping[str, Any]
 Modality = Literal["image", "sequence", "lm"]
 
 _REGISTRY: dict[str, "Family"] = {}
+# name -> the module of this package that registers it, imported on the name's first use
+MODULES = {
+    "image-encoder": "image",
+    "sequence-classifier": "sequence",
+    "crammed-bert": "sequence",
+    "causal-lm": "lm",
+    **{name: "timm_adapters" for name in ("timm-vit", "timm-deit", "timm-xcit", "timm-tnt", "timm-davit")},
+    **{name: "hf" for name in ("hf-gpt2", "hf-bert", "hf-llama")},
+}
 
 
 class Family(ABC):
@@ -58,7 +72,7 @@ class Family(ABC):
         """Forward FLOPs for one sample (2 per multiply-add of the matmuls, attention included)."""
 
     @abstractmethod
-    def build(self, dims: Dims) -> torch.nn.Module:
+    def build(self, dims: Dims) -> nn.Module:
         """The model. Image: (B, C, H, W) -> (B, classes); sequence: (B, T) -> (B, classes); lm: (B, T) -> (B, T, vocab)."""
 
 
@@ -70,19 +84,14 @@ def register(family_cls: type[Family]) -> type[Family]:
     return family_cls
 
 
-def _load_all() -> None:
-    for mod in pkgutil.iter_modules(__path__):
-        if not mod.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{mod.name}")
-
-
 def get_family(name: str) -> Family:
     """The family called `name`: registered here, an entry point, or a `module:Class` plugin.
 
     An ExplorerError (one line) lists the known names for an unknown one, says what a broken plugin
     raised, and says how to install the optional package a family needs when it is missing.
     """
-    _load_all()
+    if name not in _REGISTRY and name in MODULES:
+        importlib.import_module(f"{__name__}.{MODULES[name]}")
     if name not in _REGISTRY:
         family_cls = plugins.load("family", name, Family)
         if family_cls is None:
@@ -106,6 +115,6 @@ def _check_installed(name: str, family: Family) -> None:
 
 
 def family_names() -> list[str]:
-    """Registered families and those installed packages offer through entry points."""
-    _load_all()
-    return sorted({*_REGISTRY, *plugins.entry_point_names("family")})
+    """explorer's families, those registered since, and those installed packages offer through entry
+    points, without importing any of them."""
+    return sorted({*MODULES, *_REGISTRY, *plugins.entry_point_names("family")})

@@ -1,49 +1,28 @@
-"""Pre-norm transformer blocks shared by explorer's own families (nanoGPT-style), and their counts.
+"""Pre-norm transformer blocks shared by explorer's own families (nanoGPT-style), and their models.
 
 Every own family is initialised the standard transformer way (`init_weights`, as nanoGPT and timm's
 ViT do), so that κ and accuracy compare across families and a tied LM head starts near zero logits.
 
-Each module here has a twin counting function (`block_params`, `block_flops`) so the families can
-count a configuration without building it; tests check the two against each other.
+The only module of the own families that imports torch: a family imports it in `build`. Each block
+has a twin counting function in `_counts.py` (`block_params`, `block_flops`), so the families count
+a configuration without building it, or importing torch; tests check the two against each other.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
-Act = Literal["gelu", "glu"]
+from explorer.families._counts import Act, BlockDims, check_heads
 
-
-class BlockDims(BaseModel):
-    """The dimensions every block-stack family shares; heads must divide width, GLU needs an even mlp."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    layers: int = Field(ge=1)
-    heads: int = Field(ge=1)
-    width: int = Field(ge=1)
-    mlp: int = Field(ge=1)
-    act: Act = "gelu"
-    bias: bool = True
-
-    @model_validator(mode="after")
-    def _shapes_fit(self) -> "BlockDims":
-        check_heads(self.width, self.heads)
-        if self.act == "glu" and self.mlp % 2:
-            raise ValueError(f"act glu splits mlp in two halves: mlp {self.mlp} must be even")
-        return self
-
-
-def check_heads(width: int, heads: int) -> None:
-    """Raise ValueError unless `heads` divides `width` (every head gets width // heads channels)."""
-    if heads < 1 or width % heads:
-        raise ValueError(f"heads {heads} must divide width {width}")
+if TYPE_CHECKING:
+    from explorer.families.image import ImageDims
+    from explorer.families.lm import LMDims
+    from explorer.families.sequence import SequenceDims
 
 
 class Attention(nn.Module):
@@ -126,36 +105,83 @@ def init_weights(model: nn.Module, layers: int) -> None:
                 nn.init.normal_(residual_out.weight, 0.0, INIT_STD / math.sqrt(2 * layers))
 
 
-def norm_params(width: int, bias: bool) -> int:
-    return width * (2 if bias else 1)
+class ImageEncoder(nn.Module):
+    """`image-encoder`: patch embedding, class token or mean pool, blocks, linear head.
+    Standard transformer init (`init_weights`); position embedding N(0, 0.02), class token 0."""
+
+    def __init__(self, d: ImageDims):
+        super().__init__()
+        self.patch_embed = nn.Conv2d(d.in_chans, d.width, d.patch, stride=d.patch, bias=d.bias)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, d.width)) if d.pool == "cls" else None
+        self.pos_embed = nn.Parameter(torch.randn(1, d.tokens(), d.width) * 0.02)
+        self.blocks = blocks(d)
+        self.norm = nn.LayerNorm(d.width, bias=d.bias)
+        self.head = nn.Linear(d.width, d.num_classes, bias=d.bias)
+        init_weights(self, d.layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(x).flatten(2).transpose(1, 2)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(len(x), -1, -1), x], dim=1)
+        x = x + self.pos_embed
+        for block in self.blocks:
+            x = block(x)
+        x = self.norm(x)
+        return self.head(x[:, 0] if self.cls_token is not None else x.mean(dim=1))
 
 
-def linear_params(n_in: int, n_out: int, bias: bool) -> int:
-    return n_in * n_out + (n_out if bias else 0)
-
-
-def _mlp_out_in(d: BlockDims) -> int:
-    return d.mlp // 2 if d.act == "glu" else d.mlp
-
-
-def block_params(d: BlockDims) -> int:
-    """Parameters of one Block: two LayerNorms, qkv, proj, fc1, fc2 (biases per `d.bias`)."""
-    w, b = d.width, d.bias
-    return (
-        2 * norm_params(w, b)
-        + linear_params(w, 3 * w, b)
-        + linear_params(w, w, b)
-        + linear_params(w, d.mlp, b)
-        + linear_params(_mlp_out_in(d), w, b)
-    )
-
-
-def block_flops(d: BlockDims, tokens: int) -> int:
-    """Forward matmul FLOPs of one Block on `tokens` tokens: 2 per multiply-add.
-
-    Projections: 2 * tokens * (weights of qkv, proj, fc1, fc2). Attention: QK^T and AV each cost
-    tokens^2 * width multiply-adds; the causal mask is not discounted (SDPA computes the full square).
+class SequenceClassifier(nn.Module):
+    """`sequence-classifier` and `crammed-bert`. Token 0 is padding: attention ignores padded keys and
+    mean pooling skips them. Standard transformer init (`init_weights`); position embedding N(0, 0.02),
+    class token 0.
     """
-    w = d.width
-    weights = 3 * w * w + w * w + w * d.mlp + _mlp_out_in(d) * w
-    return 2 * tokens * weights + 4 * tokens * tokens * w
+
+    def __init__(self, d: SequenceDims):
+        super().__init__()
+        self.tok_embed = nn.Embedding(d.vocab, d.width)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, d.width)) if d.pool == "cls" else None
+        self.pos_embed = nn.Parameter(torch.randn(1, d.tokens(), d.width) * 0.02)
+        self.blocks = blocks(d)
+        self.norm = nn.LayerNorm(d.width, bias=d.bias)
+        self.head = nn.Linear(d.width, d.num_classes, bias=d.bias)
+        init_weights(self, d.layers)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        keep = ids != 0
+        x = self.tok_embed(ids)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(len(x), -1, -1), x], dim=1)
+            keep = torch.cat([keep.new_ones(len(x), 1), keep], dim=1)
+        else:
+            keep = keep.clone()
+            keep[:, 0] = True  # an all-padding row would give attention nothing to attend to
+        x = x + self.pos_embed[:, : x.shape[1]]
+        for block in self.blocks:
+            x = block(x, keep)
+        x = self.norm(x)
+        if self.cls_token is not None:
+            return self.head(x[:, 0])
+        w = keep.unsqueeze(-1).to(x.dtype)
+        return self.head((x * w).sum(1) / w.sum(1))
+
+
+class CausalLM(nn.Module):
+    """`causal-lm`, token ids (B, T) -> next-token logits (B, T, vocab). Standard transformer init
+    (`init_weights`): a fresh model's loss is near ln(vocab), tied or not."""
+
+    def __init__(self, d: LMDims):
+        super().__init__()
+        self.tok_embed = nn.Embedding(d.vocab, d.width)
+        self.pos_embed = nn.Parameter(torch.randn(1, d.seq_len, d.width) * 0.02)
+        self.blocks = blocks(d, causal=True)
+        self.norm = nn.LayerNorm(d.width, bias=d.bias)
+        self.head = nn.Linear(d.width, d.vocab, bias=False)
+        if d.tie_weights:
+            self.head.weight = self.tok_embed.weight
+        init_weights(self, d.layers)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.tok_embed(ids) + self.pos_embed[:, : ids.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from explorer.families import Dims, Family, register
-from explorer.families._transformer import check_heads
+from explorer.families._counts import check_heads
 
 Backend = Literal["sdpa", "eager"]
 REQUIRES = ("transformers", "hf")

@@ -1,23 +1,19 @@
-"""`image-encoder`: a pre-norm ViT (patch embedding, class token or mean pool, linear head)."""
+"""`image-encoder`: a pre-norm ViT (patch embedding, class token or mean pool, linear head).
+
+Counted in closed form without torch; `build` imports the model (`_transformer.ImageEncoder`).
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
 from pydantic import Field, model_validator
-from torch import nn
 
 from explorer.families import Family, register
-from explorer.families._transformer import (
-    BlockDims,
-    block_flops,
-    block_params,
-    blocks,
-    init_weights,
-    linear_params,
-    norm_params,
-)
+from explorer.families._counts import BlockDims, block_flops, block_params, linear_params, norm_params
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 class ImageDims(BlockDims):
@@ -33,33 +29,9 @@ class ImageDims(BlockDims):
             raise ValueError(f"patch {self.patch} must divide img_size {self.img_size}")
         return self
 
-
-class ImageEncoder(nn.Module):
-    """Standard transformer init (`init_weights`); position embedding N(0, 0.02), class token 0."""
-
-    def __init__(self, d: ImageDims):
-        super().__init__()
-        self.patch_embed = nn.Conv2d(d.in_chans, d.width, d.patch, stride=d.patch, bias=d.bias)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, d.width)) if d.pool == "cls" else None
-        self.pos_embed = nn.Parameter(torch.randn(1, _tokens(d), d.width) * 0.02)
-        self.blocks = blocks(d)
-        self.norm = nn.LayerNorm(d.width, bias=d.bias)
-        self.head = nn.Linear(d.width, d.num_classes, bias=d.bias)
-        init_weights(self, d.layers)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.patch_embed(x).flatten(2).transpose(1, 2)
-        if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(len(x), -1, -1), x], dim=1)
-        x = x + self.pos_embed
-        for block in self.blocks:
-            x = block(x)
-        x = self.norm(x)
-        return self.head(x[:, 0] if self.cls_token is not None else x.mean(dim=1))
-
-
-def _tokens(d: ImageDims) -> int:
-    return (d.img_size // d.patch) ** 2 + (d.pool == "cls")
+    def tokens(self) -> int:
+        """Positions the blocks see: one per patch, and the class token."""
+        return (self.img_size // self.patch) ** 2 + (self.pool == "cls")
 
 
 @register
@@ -80,7 +52,7 @@ class ImageEncoderFamily(Family):
         return (
             d.in_chans * d.patch**2 * d.width + (d.width if d.bias else 0)
             + (d.width if d.pool == "cls" else 0)
-            + _tokens(d) * d.width
+            + d.tokens() * d.width
             + d.layers * block_params(d)
             + norm_params(d.width, d.bias)
             + linear_params(d.width, d.num_classes, d.bias)
@@ -91,9 +63,11 @@ class ImageEncoderFamily(Family):
         patches = (d.img_size // d.patch) ** 2
         return (
             2 * patches * d.in_chans * d.patch**2 * d.width
-            + d.layers * block_flops(d, _tokens(d))
+            + d.layers * block_flops(d, d.tokens())
             + 2 * d.width * d.num_classes
         )
 
     def build(self, dims: Dims) -> nn.Module:
+        from explorer.families._transformer import ImageEncoder
+
         return ImageEncoder(self.check(dims))

@@ -1,40 +1,25 @@
-"""`causal-lm`: a nanoGPT-style decoder, token ids (B, T) -> next-token logits (B, T, vocab)."""
+"""`causal-lm`: a nanoGPT-style decoder, token ids (B, T) -> next-token logits (B, T, vocab).
+
+Counted in closed form without torch; `build` imports the model (`_transformer.CausalLM`).
+"""
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
 from pydantic import Field
-from torch import nn
 
 from explorer.families import Family, register
-from explorer.families._transformer import BlockDims, block_flops, block_params, blocks, init_weights, norm_params
+from explorer.families._counts import BlockDims, block_flops, block_params, norm_params
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 class LMDims(BlockDims):
     vocab: int = Field(256, ge=2)
     seq_len: int = Field(256, ge=1)
     tie_weights: bool = True
-
-
-class CausalLM(nn.Module):
-    """Standard transformer init (`init_weights`): a fresh model's loss is near ln(vocab), tied or not."""
-
-    def __init__(self, d: LMDims):
-        super().__init__()
-        self.tok_embed = nn.Embedding(d.vocab, d.width)
-        self.pos_embed = nn.Parameter(torch.randn(1, d.seq_len, d.width) * 0.02)
-        self.blocks = blocks(d, causal=True)
-        self.norm = nn.LayerNorm(d.width, bias=d.bias)
-        self.head = nn.Linear(d.width, d.vocab, bias=False)
-        if d.tie_weights:
-            self.head.weight = self.tok_embed.weight
-        init_weights(self, d.layers)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.tok_embed(ids) + self.pos_embed[:, : ids.shape[1]]
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.norm(x))
 
 
 @register
@@ -64,4 +49,6 @@ class CausalLMFamily(Family):
         return d.layers * block_flops(d, d.seq_len) + 2 * d.seq_len * d.width * d.vocab
 
     def build(self, dims: Dims) -> nn.Module:
+        from explorer.families._transformer import CausalLM
+
         return CausalLM(self.check(dims))

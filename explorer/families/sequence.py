@@ -1,24 +1,19 @@
-"""`sequence-classifier` (token ids -> class logits) and `crammed-bert`, the same model at BERT size."""
+"""`sequence-classifier` (token ids -> class logits) and `crammed-bert`, the same model at BERT size.
+
+Counted in closed form without torch; `build` imports the model (`_transformer.SequenceClassifier`).
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
 from pydantic import Field
-from torch import nn
 
 from explorer.families import Family, register
-from explorer.families._transformer import (
-    Act,
-    BlockDims,
-    block_flops,
-    block_params,
-    blocks,
-    init_weights,
-    linear_params,
-    norm_params,
-)
+from explorer.families._counts import Act, BlockDims, block_flops, block_params, linear_params, norm_params
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 class SequenceDims(BlockDims):
@@ -26,6 +21,10 @@ class SequenceDims(BlockDims):
     seq_len: int = Field(512, ge=1)
     num_classes: int = Field(10, ge=1)
     pool: Literal["cls", "mean"] = "cls"
+
+    def tokens(self) -> int:
+        """Positions the blocks see: seq_len, and the class token."""
+        return self.seq_len + (self.pool == "cls")
 
 
 class CrammedBertDims(SequenceDims):
@@ -42,50 +41,11 @@ class CrammedBertDims(SequenceDims):
     num_classes: int = Field(2, ge=1)
 
 
-class SequenceClassifier(nn.Module):
-    """Token 0 is padding: attention ignores padded keys and mean pooling skips them.
-
-    Standard transformer init (`init_weights`); position embedding N(0, 0.02), class token 0.
-    """
-
-    def __init__(self, d: SequenceDims):
-        super().__init__()
-        self.tok_embed = nn.Embedding(d.vocab, d.width)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, d.width)) if d.pool == "cls" else None
-        self.pos_embed = nn.Parameter(torch.randn(1, _tokens(d), d.width) * 0.02)
-        self.blocks = blocks(d)
-        self.norm = nn.LayerNorm(d.width, bias=d.bias)
-        self.head = nn.Linear(d.width, d.num_classes, bias=d.bias)
-        init_weights(self, d.layers)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        keep = ids != 0
-        x = self.tok_embed(ids)
-        if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(len(x), -1, -1), x], dim=1)
-            keep = torch.cat([keep.new_ones(len(x), 1), keep], dim=1)
-        else:
-            keep = keep.clone()
-            keep[:, 0] = True  # an all-padding row would give attention nothing to attend to
-        x = x + self.pos_embed[:, : x.shape[1]]
-        for block in self.blocks:
-            x = block(x, keep)
-        x = self.norm(x)
-        if self.cls_token is not None:
-            return self.head(x[:, 0])
-        w = keep.unsqueeze(-1).to(x.dtype)
-        return self.head((x * w).sum(1) / w.sum(1))
-
-
-def _tokens(d: SequenceDims) -> int:
-    return d.seq_len + (d.pool == "cls")
-
-
 def _params(d: SequenceDims) -> int:
     return (
         d.vocab * d.width
         + (d.width if d.pool == "cls" else 0)
-        + _tokens(d) * d.width
+        + d.tokens() * d.width
         + d.layers * block_params(d)
         + norm_params(d.width, d.bias)
         + linear_params(d.width, d.num_classes, d.bias)
@@ -93,7 +53,7 @@ def _params(d: SequenceDims) -> int:
 
 
 def _flops(d: SequenceDims) -> int:
-    return d.layers * block_flops(d, _tokens(d)) + 2 * d.width * d.num_classes
+    return d.layers * block_flops(d, d.tokens()) + 2 * d.width * d.num_classes
 
 
 @register
@@ -116,6 +76,8 @@ class SequenceClassifierFamily(Family):
         return _flops(self.check(dims))
 
     def build(self, dims: Dims) -> nn.Module:
+        from explorer.families._transformer import SequenceClassifier
+
         return SequenceClassifier(self.check(dims))
 
 

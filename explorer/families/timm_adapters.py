@@ -23,7 +23,7 @@ from torch import nn
 
 from explorer.families import Dims, Family, register
 from explorer.families._disk_cache import DiskCounts
-from explorer.families._transformer import check_heads
+from explorer.families._counts import check_heads
 
 Kwargs = tuple[tuple[str, Any], ...]
 _COUNTS = DiskCounts()  # parameter counts, FLOPs and default widths, by model and kwargs

@@ -5,8 +5,11 @@ learning curve live there, so a study resumes, exports and renders from it at an
 module, in the order a study flows:
 
 - `spec.py`: what a study is: the YAML models, `Study` (the spec resolved against its files), its identity.
-- `storage.py`: the storage: open, identity check, heartbeat repair, one-line errors; Optuna's private names.
-- `queue.py`: what runs next: grid order, replicates, verification, retries, what is left.
+- `storage.py`: the storage: open, identity check, heartbeat repair, one-line errors.
+- `sqlite.py`: SQLite for several workers (the write lock taken at BEGIN, for writes only).
+- `lock.py`: the study's lock across threads, processes and hosts, under which the queue decides.
+- `liveness.py`: which RUNNING trials still have a live worker (heartbeats on the storage's clock).
+- `queue.py`: what runs next: claiming a trial, grid order, replicates, verification, retries, what is left.
 - `evaluate.py`: one trial: its configuration, training run, stored attributes, pruning, duplicates.
 - `read.py`: the read side: which trials are measurements, counts, the per-configuration summary.
 

@@ -2,7 +2,9 @@
 stores, an answer from storage when the configuration was measured already, and whether to prune it.
 
 Both executors (local threads, Ray Tune workers) go through here, so a trial means the same wherever it
-runs. It does not decide what runs next (queue.py).
+runs: what it failed of is sorted here into a result (the configuration failed) or a fault (the machine
+did: explorer.faults), which is retried and never stored as a measurement. It does not decide what runs
+next (queue.py).
 """
 
 from __future__ import annotations
@@ -14,13 +16,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import optuna
+import torch
 
 from explorer import checkpoints
 from explorer.conditioning import kappa_attrs, space_regime
-from explorer.errors import ExplorerError, TrialFailed
-from explorer.identity import current_key, is_current
+from explorer.errors import ExplorerError, TrialFailed, TrialReclaimed
+from explorer.faults import Fault, classify
+from explorer.identity import CLASS, current_key, execution_class, is_current
 from explorer.space import Config
+from explorer.seedbatch import NotBatchable, run_seeds
 from explorer.study.read import peers
+from explorer.optuna_compat import storage_of, trial_storage_id
 from explorer.train import TrialResult, run_trial
 from explorer.watchdog import time_limit
 
@@ -32,6 +38,7 @@ class Evaluator:
     def __init__(self, study: Study):
         self.study = study
         self._sampling = threading.Lock()  # trials in threads sample one at a time, each seeing the other's proposal
+        self.execution: str | None = None  # the class this run trains under (explorer.executors.devices.settle_class)
 
     def suggest(self, trial: optuna.Trial) -> Config:
         """The trial's configuration as the sampler proposed it: always feasible (explorer.sampling).
@@ -41,6 +48,8 @@ class Evaluator:
         """
         study = self.study
         trial.set_user_attr("identity", study.identity_key)  # the question this trial answers (explorer.identity)
+        if self.execution is not None:
+            trial.set_user_attr(CLASS, self.execution)
         with self._sampling:  # Optuna samples lazily, at the first suggest: the whole proposal is stored inside the lock
             return study.encoding(trial.study if not hasattr(study, "_encoding") else None).suggest(trial)
 
@@ -58,20 +67,30 @@ class Evaluator:
             "train_time_s": result.train_time_s,
             "steps": result.steps,
             "device": result.device,
+            "compile": result.compile,
+            "tf32": result.tf32,
+            "seed_batch": result.seed_batch,
+            "device_name": result.device_name,
+            "precision": result.precision,
+            "torch": torch.__version__,
+            CLASS: execution_class(result.device, result.precision),
         }
 
     def evaluate(self, cfg: Config, lineage: int, on_epoch: Callable[[int, dict[str, float]], None] | None = None,
-                 device: str | None = None, checkpoint_dir: Path | None = None, seed: int | None = None) -> dict[str, Any]:
+                 device: str | None = None, checkpoint_dir: Path | None = None, seed: int | None = None,
+                 shared: bool | Callable[[], bool] = False) -> dict[str, Any]:
         """Train `cfg` at `seed` (default: the first) as trial `lineage` (resuming its own checkpoint if a
         killed run left one) and return its attributes.
 
-        Any failure inside the trial (NaN loss, out of memory, an error in the model, running past
-        `trial_timeout_s`) becomes `TrialFailed(reason)`, so the study goes on; an `ExplorerError`
-        (the task's data is bad) is the study's, not the trial's, and stops it; pruning and interrupts
-        pass through. A pruned or stopped trial (Ray Tune ends a stopped trial's thread with
-        SystemExit) leaves no checkpoint for a later trial of the same configuration to resume.
-        `checkpoint_dir` defaults to the trial's folder beside the study (Ray passes one in the trial's
-        working dir).
+        A failure of the configuration (NaN loss, an error in the model, running past `trial_timeout_s`,
+        out of memory alone on its device) becomes `TrialFailed(reason)`, so the study goes on; a fault
+        (a broken CUDA context; out of memory while other trials `shared` the device: a flag, or a callable asked
+        when it happens) becomes `Fault`, and
+        its checkpoint stays for the retry to resume (explorer.faults). An `ExplorerError` (the task's
+        data is bad) is the study's, not the trial's, and stops it; pruning and interrupts pass through.
+        A pruned or stopped trial (Ray Tune ends a stopped trial's thread with SystemExit) leaves no
+        checkpoint for a later trial of the same configuration to resume. `checkpoint_dir` defaults to the
+        trial's folder beside the study (Ray passes one in the trial's working dir).
         """
         study = self.study
         seed = study.seeds[0] if seed is None else seed
@@ -82,18 +101,65 @@ class Evaluator:
         start = time.perf_counter()
         try:
             with time_limit(study.spec.trial_timeout_s):
-                result = run_trial(cfg.family, cfg.dims, study.task, budget, callback=on_epoch,
-                                   checkpoint_dir=ckpt, device=device)
-        except KeyboardInterrupt:  # kept: the resumed trial continues from its checkpoint
+                result = run_trial(cfg.family, cfg.dims, study.task, budget, callback=on_epoch, checkpoint_dir=ckpt,
+                                   device=device, checkpoint_every_s=study.spec.executor.checkpoint_every_s)
+        except (KeyboardInterrupt, TrialReclaimed):  # kept: the resumed trial (or the retry) continues from its checkpoint
             raise
-        except (optuna.TrialPruned, TrialFailed, ExplorerError, SystemExit):
+        except (optuna.TrialPruned, ExplorerError, SystemExit):
             checkpoints.remove(ckpt)
             raise
         except Exception as err:
-            checkpoints.remove(ckpt)
-            raise TrialFailed(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
+            failure = classify(err, shared=shared() if callable(shared) else shared)
+            if not isinstance(failure, Fault):  # a fault keeps its checkpoint: its retry resumes it
+                checkpoints.remove(ckpt)
+            if failure is err:
+                raise
+            raise failure from err
         checkpoints.remove(ckpt)
         return {**self.attrs(cfg, result, seed), "curve": result.curve, "trial_time_s": time.perf_counter() - start}
+
+    def evaluate_seeds(self, cfg: Config, seeds: list[int], on_epochs: list[Callable[[int, dict[str, float]], None] | None],
+                       device: str | None = None) -> list[dict[str, Any] | Exception]:
+        """Train `cfg` at each of `seeds` as one model (explorer.seedbatch): per seed, `evaluate`'s attributes,
+        or the TrialFailed / TrialPruned that ends that seed alone.
+
+        Raises NotBatchable before training when they cannot train as one; an ExplorerError and interrupts
+        stop them all, and any other error fails each seed with its reason. No checkpoints: a group that
+        dies trains again. `trial_timeout_s` bounds the group at that many seconds per seed.
+        """
+        study = self.study
+        start = time.perf_counter()
+        limit = None if study.spec.trial_timeout_s is None else study.spec.trial_timeout_s * len(seeds)
+        try:
+            with time_limit(limit):
+                outcomes = run_seeds(cfg.family, cfg.dims, study.task, study.spec.budget, seeds, on_epochs, device)
+        except (NotBatchable, ExplorerError, TrialFailed):  # TrialFailed: the time limit, which ends every seed
+            raise
+        except Exception as err:
+            raise TrialFailed(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
+        spent = (time.perf_counter() - start) / len(seeds)
+        return [out if isinstance(out, Exception)
+                else {**self.attrs(cfg, out, seed), "curve": out.curve, "trial_time_s": spent}
+                for out, seed in zip(outcomes, seeds, strict=True)]
+
+    def fault(self, ostudy: optuna.Study, trial: optuna.Trial, err: Fault) -> bool:
+        """Record a fault on `trial`, which the caller then fails without it being a measurement, and
+        `Queue.requeue_dead` queues again (its retry resumes its checkpoint; `alone` on a device of its own
+        after running out of memory beside others). Past `executor.max_failures` faults of its lineage it
+        fails by itself instead, saying so, and is counted as failed. Returns whether it will run again."""
+        study = self.study
+        frozen = storage_of(ostudy).get_trial(trial_storage_id(trial))
+        lineage = study.lineage(frozen)
+        before = sum("fault" in t.user_attrs and t.number != frozen.number and study.lineage(t) == lineage
+                     for t in ostudy.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)))
+        trial.set_user_attr("fault", str(err))
+        if before >= study.spec.executor.max_failures:
+            trial.set_user_attr("fail_reason", f"gave up after {before + 1} faults (executor.max_failures: "
+                                               f"{study.spec.executor.max_failures}); the last: {err}")
+            return False
+        if err.alone:
+            trial.set_user_attr("alone", True)
+        return True
 
     def answer_from_storage(self, ostudy: optuna.Study, trial: optuna.Trial, cfg: Config) -> list[float] | None:
         """The values of an earlier measurement of `cfg` at `trial`'s seed, recording `trial` as its duplicate; else None.
@@ -126,4 +192,5 @@ class Evaluator:
         if attrs.get("replicate") or attrs.get("verify"):
             return False
         key = current_key(ostudy)
-        return study.pruner.should_prune(epoch, value, cfg.params, peers([t for t in trials if is_current(t, key)], number), cfg.key)
+        current = [t for t in trials if is_current(t, key)]
+        return study.pruner.should_prune(epoch, value, cfg.params, peers(current, number), cfg.key)

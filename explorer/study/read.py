@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 import optuna
 import pandas as pd
 
+from explorer.decisions import Answer, answer, distinct
 from explorer.frame import trials_frame
-from explorer.identity import current_rows, current_trials, current_key
+from explorer.identity import classes, current_key, current_rows, current_trials
 from explorer.pruning import Peer
 from explorer.stats import summarize
 
@@ -24,10 +26,12 @@ _COMPLETE, _PRUNED, _FAIL = optuna.trial.TrialState.COMPLETE, optuna.trial.Trial
 
 
 def is_measured(t: optuna.trial.FrozenTrial) -> bool:
-    """Whether a trial is a measurement: complete, pruned, or failed by itself.
+    """Whether a trial is a measurement: complete, pruned, or failed by itself (`fail_reason`).
 
     A duplicate answered from storage is not; nor a trial failed because its worker died (stale
-    heartbeat, no `fail_reason`): it is retried.
+    heartbeat) or because of a fault (`fault`: a broken CUDA context, out of memory beside other trials;
+    explorer.faults): neither has a `fail_reason`, and both are retried. A fault retried past
+    `executor.max_failures` fails by itself, saying so.
     """
     if "duplicate_of" in t.user_attrs:
         return False
@@ -80,7 +84,20 @@ class Reads:
     def set_aside(self, ostudy: optuna.Study) -> int:
         """Trials that ran under an earlier identity (before `run --force` changed the budget, say): kept, not read."""
         key = current_key(ostudy)
-        return sum(t.user_attrs.get("identity", key) != key for t in ostudy.get_trials(deepcopy=False))
+        return sum(not key.asks(t) for t in ostudy.get_trials(deepcopy=False))
+
+    def classes_note(self, ostudy: optuna.Study) -> str | None:
+        """One line when the study holds trials of more than one execution class (CPU and GPU), else None:
+        which class is read (the one it runs under now) and how many trials of the others are set aside."""
+        ran, now = classes(ostudy), current_key(ostudy).execution
+        if len(ran) < 2:
+            return None
+        others = ", ".join(f"{n} of {cls}" for cls, n in sorted(ran.items()) if cls != now)
+        if now:
+            return (f"this study holds trials of {len(ran)} execution classes: the {ran[now]} of {now} are read, {others} "
+                    "are kept and set aside (results of two classes are never compared)")
+        return (f"this study holds trials of {len(ran)} execution classes ({others}), read together until a run records "
+                "the one it trains under (`explorer run` refuses to go on under one of them without --force)")
 
     def failures(self, ostudy: optuna.Study) -> int:
         return sum(t.state == _FAIL and "fail_reason" in t.user_attrs for t in current_trials(ostudy))
@@ -106,6 +123,20 @@ class Reads:
         candidates = [(c.key, c.dims, c.params) for c in self.study.configs.values()]
         return summarize(current_rows(trials_frame(ostudy), ostudy), self.study.task.metric, objectives,
                          first_seed=self.study.seeds[0], candidates=candidates, **kwargs)
+
+    def answers(self, summary: pd.DataFrame) -> list[tuple[list[int], Answer]]:
+        """The answer at each of the study's budgets (`decision.budgets`), budgets holding the same
+        configurations once: (those budgets, their answer), from the summary's posterior. An undecided
+        answer's seeds are not limited to the study's `max_seeds`: once the policy has spent them, what
+        would decide it is still the user's question (and what `recommend` says)."""
+        if not len(summary):
+            return []
+        study, post = self.study, summary.attrs["posterior"]
+        base = study.space.baseline
+        best = float(np.nanmax(post.sign() * summary["mean"])) * post.sign()
+        delta = study.spec.decision.margin(study.task.higher_is_better, best)
+        return [(at, answer(post, at[-1], base.key if base else None, delta, study.spec.decision.level))
+                for at in distinct(post, study.budgets()).values()]
 
     def replicate_cost(self, ostudy: optuna.Study) -> tuple[int, int]:
         """(runs measured, runs that every measured configuration at the maximum seeds would take)."""

@@ -67,20 +67,29 @@ class PrunerSpec(BaseModel):
 class ExecutorSpec(BaseModel):
     """Where trials run: `local` (in this process) or `ray` (Ray Tune; `address` joins a cluster).
 
-    `cpu` and `gpu` are the resources of one trial (torch's CPU threads, locally); `n_jobs` trials train
-    at once in a local executor's process (threads, as Optuna's `optimize(n_jobs=...)`); `max_concurrent`,
-    `max_failures` (retries of a trial whose worker died), `address` and `storage_path` (where Ray Tune
-    keeps trial checkpoints: a folder every node shares, or a URI such as s3://bucket/path) are Ray's.
+    `device`: `auto` trains on GPUs where there are any (this machine's, or the Ray cluster's), `cpu` or
+    `cuda` (an error where there is none: never a silent CPU run); explorer.executors.devices resolves it.
+    `cpu` and `gpu` are the resources of one trial (torch's CPU threads, locally); `gpu` defaults to one
+    GPU per trial on a GPU device and 0 on a CPU, and a fraction (0.5: two trials per GPU) is an explicit
+    choice. `n_jobs` trials train at once in a local executor's process (threads, as Optuna's
+    `optimize(n_jobs=...)`; default: as many as the GPUs' slots, one on a CPU); `max_concurrent` trials
+    at once on Ray (default: as many as the cluster can run at once); `max_failures` retries of a trial
+    whose worker died or hit a fault (explorer.faults); `checkpoint_every_s`: a trial's checkpoint is
+    written after an epoch once this long passed since the last (0: every epoch; on Ray each is uploaded
+    to `storage_path`); `address` and `storage_path` (where Ray Tune keeps trial checkpoints: a folder
+    every node shares, or a URI such as s3://bucket/path) are Ray's.
     """
 
     model_config = ConfigDict(extra="forbid")
     name: Literal["local", "ray"] = "local"
     address: str | None = None
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     cpu: float = Field(1, gt=0)
-    gpu: float = Field(0, ge=0)
-    n_jobs: int = Field(1, ge=1)
-    max_concurrent: int = Field(2, ge=1)
+    gpu: float | None = Field(None, ge=0)
+    n_jobs: int | None = Field(None, ge=1)
+    max_concurrent: int | None = Field(None, ge=1)
     max_failures: int = Field(2, ge=0)
+    checkpoint_every_s: float = Field(30, ge=0)
     storage_path: str | None = None
 
 
@@ -237,7 +246,7 @@ class Study:
         return {
             "space": self.space.fingerprint,
             "task": {k: v for k, v in self.spec.task.items()},
-            "budget": self.spec.budget.model_dump(mode="json", exclude={"seeds"}),
+            "budget": self.spec.budget.identity(),
             "objectives": [f"{o.direction} {o.name}" for o in self.objectives],
         }
 

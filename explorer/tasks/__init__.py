@@ -3,7 +3,8 @@
 A task is configured by the study YAML's `task:` mapping (its `name` picks the task, the rest are
 the task's validated `Options`). `dims()` tells the search space what the data fixes (image size,
 vocabulary, classes) without loading it; `load(batch_size, seed)` gives train/eval loaders whose
-batches are `(x, y)` tensors. Adding a task is one new module in this package that calls `register`;
+batches are `(x, y)` tensors: `Batches` for data held in memory (moved to the trial's device once,
+explorer.device_data), a DataLoader for data read lazily. Adding a task is one new module in this package that calls `register`;
 a task in the user's own package arrives as a plugin (`explorer.plugins`: an `explorer.tasks` entry
 point, or `module:Class` as the task's name in the study YAML).
 """
@@ -19,9 +20,10 @@ from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import BaseModel, ValidationError
-from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
+from torch.utils.data import DataLoader, Sampler
 
 from explorer import plugins
+from explorer.device_data import Batches, Indexed, Tensors, epoch_order
 from explorer.errors import ExplorerError
 from explorer.yamlio import validation_error
 
@@ -30,12 +32,19 @@ Modality = Literal["image", "sequence", "lm"]
 _REGISTRY: dict[str, type["Task"]] = {}
 
 
+Loader = Batches | DataLoader
+
+
 @dataclass(frozen=True)
 class TaskData:
     """Loaders for one trial. Batches are `(x, y)`; the train loader reshuffles every epoch."""
 
-    train: DataLoader
-    eval: DataLoader
+    train: Loader
+    eval: Loader
+
+    def to(self, device: str | torch.device) -> TaskData:
+        """In-memory batches moved to `device` once; a DataLoader's batches are copied as they come."""
+        return TaskData(*(part.to(device) if isinstance(part, Batches) else part for part in (self.train, self.eval)))
 
 
 class Task(ABC):
@@ -136,25 +145,19 @@ class EpochBatches(Sampler[list[int]]):
         return -(-self.n // self.batch_size)
 
     def __iter__(self) -> Iterator[list[int]]:
-        if self.shuffle:
-            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-            order = torch.randperm(self.n, generator=gen)
-        else:
-            order = torch.arange(self.n)
+        order = epoch_order(self.n, self.shuffle, self.seed, self.epoch)
         self.epoch += 1
         for start in range(0, self.n, self.batch_size):
             yield order[start : start + self.batch_size].tolist()
 
 
-def batch_loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int = 0) -> DataLoader:
-    """A DataLoader that fetches whole batches with one `dataset[list_of_indices]` call.
+def batch_loader(data: Indexed, batch_size: int, shuffle: bool, seed: int = 0) -> Batches:
+    """Batches of an in-memory data set, each fetched with one gather by a tensor of indices.
 
-    For in-memory data sets (a TensorDataset, or one whose `__getitem__` takes a list of indices):
-    no per-sample collation and no worker processes, so an epoch of digits costs milliseconds. The
-    loader's own generator keeps it from drawing on torch's global RNG (which the model's init uses).
+    No per-sample collation, no worker processes, no DataLoader: an epoch of digits costs
+    milliseconds, and on a GPU the data stays there (explorer.device_data).
     """
-    sampler = EpochBatches(len(dataset), batch_size, shuffle, seed)  # type: ignore[arg-type]
-    return DataLoader(dataset, sampler=sampler, batch_size=None, generator=torch.Generator().manual_seed(seed))
+    return Batches(data, batch_size, shuffle, seed)
 
 
 def tensor_data(
@@ -162,6 +165,6 @@ def tensor_data(
 ) -> TaskData:
     """TaskData over in-memory `(x, y)` tensors: train shuffled by `seed`, eval in order."""
     return TaskData(
-        train=batch_loader(TensorDataset(*train), batch_size, shuffle=True, seed=seed),
-        eval=batch_loader(TensorDataset(*eval), batch_size, shuffle=False),
+        train=batch_loader(Tensors(*train), batch_size, shuffle=True, seed=seed),
+        eval=batch_loader(Tensors(*eval), batch_size, shuffle=False),
     )

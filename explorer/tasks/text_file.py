@@ -16,8 +16,8 @@ from typing import Literal
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
-from torch.utils.data import Dataset
 
+from explorer.device_data import same_tensor
 from explorer.tasks import Task, TaskData, batch_loader, register
 
 UNKNOWN = 0  # character-level id of a character absent from the train part
@@ -32,20 +32,32 @@ class TextFileOptions(BaseModel):
     stride: int | None = Field(None, ge=1)  # between train windows; default seq_len (no overlap)
 
 
-class Windows(Dataset):
-    """Windows of a token stream; `dataset[list]` returns a whole batch with one gather."""
+class Windows:
+    """Windows of a token stream; `windows[index]` returns a whole batch with one gather where the tokens live."""
 
     def __init__(self, tokens: torch.Tensor, seq_len: int, stride: int):
         self.tokens, self.seq_len, self.stride = tokens, seq_len, stride
-        self.offsets = torch.arange(seq_len + 1)
+        self.offsets = torch.arange(seq_len + 1, device=tokens.device)
 
     def __len__(self) -> int:
         return (len(self.tokens) - self.seq_len - 1) // self.stride + 1
 
-    def __getitem__(self, index: int | list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        starts = torch.as_tensor(index) * self.stride
+    def __getitem__(self, index: int | list[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        starts = torch.as_tensor(index, device=self.tokens.device) * self.stride
         window = self.tokens[starts[..., None] + self.offsets].long()
         return window[..., :-1], window[..., 1:]
+
+    @property
+    def device(self) -> torch.device:
+        return self.tokens.device
+
+    def to(self, device: str | torch.device) -> Windows:
+        """The tokens in their compact dtype on `device` (a batch becomes int64 as it is gathered)."""
+        return Windows(self.tokens.to(device), self.seq_len, self.stride)
+
+    def same(self, other: object) -> bool:
+        return (isinstance(other, Windows) and (other.seq_len, other.stride) == (self.seq_len, self.stride)
+                and same_tensor(self.tokens, other.tokens))
 
 
 @lru_cache(maxsize=2)

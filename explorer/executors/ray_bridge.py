@@ -1,0 +1,274 @@
+"""The driver's side of a Ray study: the link to the Optuna storage, the searcher and the scheduler.
+
+- `_Link`: the resolved study as picklable data (Tune pickles its searcher and scheduler, and Optuna
+  storages hold locks and connections that do not pickle), reconnecting lazily, with heartbeats for the
+  Optuna trials this driver has open.
+- `OptunaBridge`, a Ray `Searcher`: `suggest` asks Optuna (feasible configurations only, queued retries
+  first, duplicates of finished configurations answered from storage), `on_trial_result` stores the
+  per-epoch curve, `on_trial_complete` tells Optuna (values and the same user attributes as `local`; a
+  fault is recorded, retried and never measured: explorer.faults).
+- `BinnedScheduler`, a Ray `TrialScheduler`: explorer's parameter-binned pruner (median or successive
+  halving, i.e. ASHA's rule) against every trial in storage, whichever executor or run made it.
+
+Tune calls all of them on its one driver thread between every trial's events, so their work per call
+is kept independent of how many trials the study stores: what runs is kept in memory (`running`), and a
+trial is read from storage by its id, never by copying the study's trials (bench/ray_suggest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import threading
+from typing import Any
+
+import optuna
+from ray.tune.experiment import Trial
+from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+from ray.tune.search import Searcher
+
+from explorer.executors.base import TrialCallback
+from explorer.faults import Fault
+from explorer.study import Study
+from explorer.optuna_compat import storage_of, trial_storage_id
+
+_FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
+
+
+# -- the link to the study ---------------------------------------------------------------------------------
+class _Link:
+    """The resolved study as data (spec, space, folder), picklable; the Optuna study is (re)opened where
+    it is used, and the study is rebuilt from the data without reading its files.
+
+    It also keeps the Optuna trials this driver has open alive with heartbeats, so that if the driver
+    dies they go stale and the next `explorer run/resume` fails and re-queues them (as for `local`).
+    """
+
+    def __init__(self, study: Study, ostudy: optuna.Study | None = None, on_trial: TrialCallback | None = None):
+        self.data = study.to_data()
+        self.metric = study.task.metric
+        self.execution = study.evaluator.execution  # the run's class, stamped on each trial at ask (a restored driver too)
+        self.open_trials: dict[int, int] = {}  # Optuna trial number -> storage trial id, while RUNNING here
+        self._study: Study | None = study
+        self._ostudy = ostudy
+        self.on_trial = on_trial
+        self._beating: threading.Event | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"data": self.data, "metric": self.metric, "open_trials": dict(self.open_trials), "execution": self.execution}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.data, self.metric, self.open_trials = state["data"], state["metric"], state["open_trials"]
+        self.execution = state.get("execution")
+        self._study = self._ostudy = self.on_trial = self._beating = None
+
+    def study(self) -> Study:
+        if self._study is None:
+            self._study = Study.from_data(self.data)
+            self._study.evaluator.execution = self.execution
+        return self._study
+
+    def open(self) -> tuple[Study, optuna.Study]:
+        study = self.study()
+        if self._ostudy is None:
+            self._ostudy = study.open(create=False, force=True)
+        if self._beating is None:
+            self._beating = threading.Event()
+            threading.Thread(target=self._heartbeat, args=(self._ostudy, self._beating), daemon=True).start()
+        return study, self._ostudy
+
+    def _heartbeat(self, ostudy: optuna.Study, stop: threading.Event) -> None:
+        storage = storage_of(ostudy)  # Optuna's own heartbeat thread records on the study's storage too
+        interval = storage.get_heartbeat_interval() if hasattr(storage, "get_heartbeat_interval") else None
+        while interval and not stop.is_set():
+            for trial_id in list(self.open_trials.values()):
+                storage.record_heartbeat(trial_id)
+            stop.wait(interval)
+
+    def tell(self, number: int, **kwargs: Any) -> None:
+        """`Study.tell`, minus GridSampler's `study.stop()` (meant for `optimize`) once the grid is covered."""
+        _, ostudy = self.open()
+        trial_id = self.open_trials.pop(number, None)
+        try:
+            ostudy.tell(number, **kwargs)
+        except RuntimeError as err:
+            if "Study.stop" not in str(err):
+                raise
+        if self.on_trial is not None:  # the one trial, by its id: not a copy of every stored trial
+            frozen = storage_of(ostudy).get_trial(trial_id) if trial_id is not None else ostudy.get_trials(deepcopy=False)[number]
+            self.on_trial(ostudy, frozen)
+
+    def release(self) -> bool:
+        """After the Tuner stops: fail the trials still open, saying why, and queue their configurations.
+
+        Trials are still open only when Tune stopped before they ended (Ctrl-C): returns whether any was.
+        """
+        stopped = False
+        if self._ostudy is not None:
+            for number, trial_id in list(self.open_trials.items()):
+                trial = storage_of(self._ostudy).get_trial(trial_id)
+                if trial.state not in _FINISHED:
+                    stopped = True
+                    storage_of(self._ostudy).set_trial_user_attr(
+                        trial_id, "interrupted", "the Ray run was interrupted (Ctrl-C) while it ran; its configuration is queued again")
+                    self.tell(number, state=optuna.trial.TrialState.FAIL)
+            self.study().queue.requeue_dead(self._ostudy)
+        self.open_trials.clear()
+        if self._beating is not None:
+            self._beating.set()
+        return stopped
+
+
+# -- Optuna <-> Ray Tune ------------------------------------------------------------------------------------
+class OptunaBridge(Searcher):
+    """A Ray searcher that asks and tells the study's Optuna storage.
+
+    The last report of a trial carries its attributes (or its failure reason, with a NaN metric, which
+    Tune's best-result ignores), and the searcher, not Ray, decides when the study is done (`num_samples=-1`; `FINISHED` once finished plus open trials reach `n_trials`). A sampled
+    configuration that an open trial is training is held back until that one ends, then answered
+    from storage if it completed: no configuration is trained twice.
+    """
+
+    def __init__(self, link: _Link):
+        super().__init__()
+        self.link = link
+        self.ray_ids: dict[str, int] = {}  # Ray trial id -> Optuna trial number
+        self.held: dict[int, tuple[str, int]] = {}  # Optuna trial number -> (configuration key, seed), waiting for its twin
+        self.running: dict[str, tuple[str, int]] = {}  # Ray trial id -> (configuration key, seed) it trains
+        self.curves: dict[int, list[float]] = {}
+
+    def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec: Any) -> bool:
+        return True  # the space is the study's; nothing to take from Tune
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+        study, ostudy = self.link.open()
+        for number, run in list(self.held.items()):
+            if run not in self.running.values():
+                del self.held[number]
+                if not self._answer_from_storage(number, run[0]):
+                    return self._launch(trial_id, number, run[0])
+        while True:
+            study.queue.replicates(ostudy)
+            claimed = None if study.reads.too_many_failures(ostudy) else study.queue.claim(ostudy)  # under the study's lock
+            if claimed is None:
+                # open trials may still lead to replicates (an adaptive round starts when they end) or retries
+                return None if self.held or self.link.open_trials else Searcher.FINISHED
+            trial, cfg = claimed
+            self.link.open_trials[trial.number] = trial_storage_id(trial)
+            key = cfg.key
+            if (key, study.seed_of(trial)) in self.running.values():
+                self.held[trial.number] = (key, study.seed_of(trial))
+            elif not self._answer_from_storage(trial.number, key):
+                return self._launch(trial_id, trial.number, key)
+
+    def _answer_from_storage(self, number: int, key: str) -> bool:
+        """A configuration that already completed is not trained again (`Study.answer_from_storage`, as `local`)."""
+        study, ostudy = self.link.open()
+        values = study.evaluator.answer_from_storage(ostudy, optuna.Trial(ostudy, self.link.open_trials[number]), study.configs[key])
+        if values is None:
+            return False
+        self.link.tell(number, values=values)
+        return True
+
+    def _launch(self, trial_id: str, number: int, key: str) -> dict[str, Any]:
+        study, ostudy = self.link.open()
+        cfg = study.configs[key]
+        trial = optuna.Trial(ostudy, self.link.open_trials[number])
+        trial.set_user_attr("config", cfg.dims)
+        trial.set_user_attr("params", cfg.params)
+        self.ray_ids[trial_id] = number
+        self.running[trial_id] = (key, study.seed_of(trial))
+        self.curves[number] = []
+        frozen = storage_of(ostudy).get_trial(self.link.open_trials[number])
+        return {"arch": key, "optuna_number": number, "lineage": study.lineage(frozen),  # a retry resumes its checkpoint
+                "seed": study.seed_of(trial), "alone": bool(frozen.user_attrs.get("alone"))}  # alone: a GPU of its own
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        number = self.ray_ids.get(trial_id)
+        if result.get("broken") and number in self.link.open_trials:  # the worker's CUDA context broke: Ray retries it
+            _, ostudy = self.link.open()
+            trial = optuna.Trial(ostudy, self.link.open_trials[number])
+            trial.set_user_attr("faults", [*storage_of(ostudy).get_trial(self.link.open_trials[number]).user_attrs.get("faults", []),
+                                           result["fault"]])
+        self._record_epoch(trial_id, result)
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        number = self.ray_ids.pop(trial_id, None)
+        self.running.pop(trial_id, None)
+        if number is None:
+            return
+        study, ostudy = self.link.open()
+        storage_id = self.link.open_trials.get(number)
+        if storage_id is None or storage_of(ostudy).get_trial(storage_id).state in _FINISHED:  # reclaimed meanwhile
+            self.link.open_trials.pop(number, None)
+            return
+        trial = optuna.Trial(ostudy, storage_id)
+        result = result or {}
+        if error:  # Ray retried it on fresh workers max_failures times: a fault each time, or a lost worker or node
+            tries = study.spec.executor.max_failures + 1
+            faults = storage_of(ostudy).get_trial(storage_id).user_attrs.get("faults") or ["its worker or node was lost"]
+            trial.set_user_attr("fault", faults[-1])
+            trial.set_user_attr("fail_reason", f"gave up after {tries} attempts on fresh Ray workers (executor.max_failures: "
+                                               f"{tries - 1}); the last: {faults[-1]}")
+            self.link.tell(number, state=optuna.trial.TrialState.FAIL)
+        elif "fault" in result:  # out of memory beside other trials on its GPU: queued again, alone
+            study.evaluator.fault(ostudy, trial, Fault(result["fault"], alone=bool(result.get("alone"))))
+            self.link.tell(number, state=optuna.trial.TrialState.FAIL)
+        elif "fail_reason" in result:
+            trial.set_user_attr("fail_reason", result["fail_reason"])
+            self.link.tell(number, state=optuna.trial.TrialState.FAIL)
+        elif "attrs" in result:
+            attrs = json.loads(result["attrs"])
+            for key, value in attrs.items():
+                trial.set_user_attr(key, value)
+            self.link.tell(number, values=study.evaluator.values(attrs))
+        else:  # stopped by the scheduler after this result
+            self._record_epoch(number, result)
+            self.link.tell(number, state=optuna.trial.TrialState.PRUNED)
+        self.curves.pop(number, None)
+
+    def _record_epoch(self, trial: str | int, result: dict) -> None:
+        number = self.ray_ids.get(trial) if isinstance(trial, str) else trial
+        study, ostudy = self.link.open()
+        metric = study.task.metric
+        if number not in self.link.open_trials or "epoch" not in result or metric not in result or "attrs" in result or "fault" in result:
+            return
+        curve = self.curves.setdefault(number, [])
+        del curve[result["epoch"] - 1:]  # a trial resumed from an older checkpoint repeats epochs
+        curve.append(float(result[metric]))
+        optuna.Trial(ostudy, self.link.open_trials[number]).set_user_attr("curve", curve)
+
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "wb") as f:
+            pickle.dump({"link": self.link, "ray_ids": self.ray_ids, "held": self.held, "curves": self.curves,
+                         "running": self.running}, f)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as f:
+            state = pickle.load(f)
+        self.link, self.ray_ids, self.held, self.curves = state["link"], state["ray_ids"], state["held"], state["curves"]
+        study, ostudy = self.link.open()  # a restored Tuner: beat for the resumed trials at once, before they go stale
+        self.running = state.get("running") or {  # a searcher saved before `running` was kept: from storage, once
+            rid: (t.params["arch"], study.seed_of(t)) for rid, n in self.ray_ids.items()
+            for t in [storage_of(ostudy).get_trial(self.link.open_trials[n])] if n in self.link.open_trials}
+
+
+class BinnedScheduler(FIFOScheduler):
+    """Stops a trial explorer's pruner stops (explorer.pruning.BinnedPruner, through Study.should_prune).
+
+    The peers come from the Optuna storage, so the rungs hold every trial of the study, whichever
+    executor or run trained it, and survive a restarted driver.
+    """
+
+    def __init__(self, link: _Link):
+        super().__init__()
+        self.link = link
+
+    def on_trial_result(self, tune_controller: Any, trial: Trial, result: dict) -> str:
+        study, ostudy = self.link.open()
+        metric = study.task.metric
+        if "epoch" not in result or metric not in result or "attrs" in result:
+            return TrialScheduler.CONTINUE
+        cfg = study.configs[trial.config["arch"]]
+        prune = study.evaluator.should_prune(ostudy, trial.config["optuna_number"], result["epoch"], float(result[metric]), cfg)
+        return TrialScheduler.STOP if prune else TrialScheduler.CONTINUE

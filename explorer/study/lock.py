@@ -1,0 +1,123 @@
+"""One study's lock across threads, processes and hosts: what decides what runs next happens under it.
+
+Optuna makes one step atomic: a queued trial's move to RUNNING. Everything else a worker decides
+(is a trial left to start under `n_trials`; which seed a configuration lacks; was a dead worker's trial
+queued again already) is a read followed by a write, and two workers reading at once both write. So
+those decisions read and write under this lock, and each sees what the one before it queued.
+
+The lock lives where the storage does, and dies with its holder, so a worker killed by SIGKILL never
+leaves it held: an `flock` on a file beside a SQLite or journal file (the kernel drops it with the
+process; NFSv4 supports it for journal files on a shared folder), a PostgreSQL session-level advisory
+lock (the server drops it with the connection). Other servers get the threads of one process only,
+which `Store` says once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Protocol
+
+import sqlalchemy
+
+from explorer.errors import ExplorerError
+
+
+class StudyLock:
+    """Re-entrant within a thread (the outermost hold takes the process-wide part), exclusive across
+    threads of a process and across processes: `with lock():`."""
+
+    def __init__(self, file: Path | None, url: str, name: str, timeout_s: float):
+        self._threads = threading.RLock()
+        self._depth = 0
+        self._timeout_s = timeout_s
+        self._across: _Across | None = None
+        if file is not None:
+            self._across = _FileLock(file.with_name(file.name + ".explorer.lock"))
+        elif url.startswith("postgresql"):
+            self._across = _AdvisoryLock(url, name)
+
+    @property
+    def across_processes(self) -> bool:
+        return self._across is not None
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        if not self._threads.acquire(timeout=self._timeout_s):
+            raise ExplorerError(f"the study's lock was held by another thread past {self._timeout_s:g} s (storage_timeout_s)")
+        try:
+            if self._depth == 0 and self._across is not None:
+                self._across.acquire(self._timeout_s)
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+                if self._depth == 0 and self._across is not None:
+                    self._across.release()
+        finally:
+            self._threads.release()
+
+
+class _Across(Protocol):
+    def acquire(self, timeout_s: float) -> None: ...
+
+    def release(self) -> None: ...
+
+
+class _FileLock:
+    """`flock` on a file beside the storage's, opened per hold so a forked child never shares it."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self, timeout_s: float) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self._fd = fd
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(fd)
+                    raise ExplorerError(f"{self.path} was locked by another worker past {timeout_s:g} s (storage_timeout_s)") from None
+                time.sleep(0.005)
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # closing the last descriptor drops the flock
+
+
+class _AdvisoryLock:
+    """A PostgreSQL advisory lock on its own connection: the server releases it when the connection goes."""
+
+    def __init__(self, url: str, name: str):
+        self._engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+        self._key = int.from_bytes(hashlib.sha256(f"explorer:{name}".encode()).digest()[:8], "big", signed=True)
+        self._connection: Any = None
+
+    def acquire(self, timeout_s: float) -> None:
+        connection = self._engine.connect()
+        try:
+            connection.execute(sqlalchemy.text(f"SET lock_timeout = {int(timeout_s * 1000)}"))
+            connection.execute(sqlalchemy.select(sqlalchemy.func.pg_advisory_lock(self._key)))
+            connection.commit()
+        except BaseException:
+            connection.close()
+            raise
+        self._connection = connection
+
+    def release(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.close()  # ends the session, and with it the lock
