@@ -72,6 +72,7 @@ class Outcome:
     kills: int
     wall_s: float
     exits: list[int] = field(default_factory=list)  # exit codes of the workers not killed
+    left: list[str] = field(default_factory=list)  # the trials left queued or running: number, attrs (who queued them, why)
 
     @property
     def right(self) -> bool:
@@ -146,7 +147,8 @@ def stress(storage: str, folder: Path, processes: int = 4, threads: int = 2, kil
                    waiting=sum(t.state == _WAITING for t in trials),
                    reclaimed=sum(t.state == _FAIL and "fail_reason" not in t.user_attrs for t in trials),
                    status_runs=status.runs, status_running=status.states.get("RUNNING", 0), kills=done_kills,
-                   wall_s=wall, exits=survivors)
+                   wall_s=wall, exits=survivors,
+                   left=[f"#{t.number} {t.state.name} {t.user_attrs}" for t in trials if t.state in (_WAITING, _RUNNING)])
 
 
 def _training_pids(path: Path) -> list[int]:

@@ -434,6 +434,10 @@ def main() -> None:
             raise
     if code == 130:
         err.print(_interrupted(sys.argv[1:]), markup=False, highlight=False)
+        # CPython remembers an interrupt that ended a string `exec` (dataclasses, typing and torch generate code
+        # so) even once caught, and under `python -m` dies by SIGINT at exit instead of exiting 130; an empty
+        # string exec clears that flag
+        exec("")
     raise SystemExit(code if isinstance(code, int) else 0)
 
 

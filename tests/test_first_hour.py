@@ -51,6 +51,18 @@ def test_ctrl_c_while_starting_exits_130_and_the_study_completes_on_run(tmp_path
     assert done.returncode == 0 and "6/6 configurations measured" in done.stdout, done.stdout + done.stderr
 
 
+def test_an_interrupt_inside_generated_code_still_exits_130(tmp_path: Path) -> None:
+    """A Ctrl-C that lands while library code runs a string `exec` (dataclasses, typing and torch generate
+    code so) is caught like any other, yet CPython then killed `python -m explorer.cli` by SIGINT at exit
+    (returncode -2, after the resume hint): deterministic here, the interrupt raised inside such an exec."""
+    (tmp_path / "interrupted_in_exec.py").write_text(
+        "import sys\nimport explorer.cli as cli\n"
+        "cli.app = lambda standalone_mode: exec('raise KeyboardInterrupt')\n"
+        "sys.argv = ['explorer', 'run', 'study.yaml']\ncli.main()\n")
+    proc = subprocess.run([sys.executable, "-m", "interrupted_in_exec"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 130 and "continue with: explorer resume study.yaml" in proc.stderr, (proc.returncode, proc.stderr)
+
+
 def test_a_study_whose_trials_all_failed_says_so_in_one_line_each(tmp_path: Path) -> None:
     path = write_study(tmp_path, budget=ABSURD_LR, n_trials=2)
     run = cli("run", path, "--no-dashboard")

@@ -327,3 +327,19 @@ def test_retry_failed_runs_the_failed_configurations_not_the_grids_unrun_ones(tm
     done = [t.params["arch"] for t in ostudy.get_trials(states=(COMPLETE,))]
     assert len(done) == 3 and first in done
     assert len(ostudy.get_trials(states=(WAITING,))) == len(study.keys) - 3  # the rest of the grid still queued
+
+
+def test_a_stray_queued_copy_of_a_complete_configuration_is_answered_from_storage_not_left_queued(tmp_path: Path) -> None:
+    """A queued trial whose (configuration, seed) is complete already (a copy queued twice, as one CI run of
+    the stress test left 27) is taken and answered from storage once `n_trials` admits nothing more,
+    instead of staying WAITING for ever; nothing is trained twice."""
+    path = write_study(tmp_path, space_doc=WIDE_SPACE, budget=QUICK, n_trials=100)  # the whole grid
+    study = load_study_spec(path)
+    ostudy = study.open()
+    LocalExecutor().run(study, ostudy)
+    measured = ostudy.get_trials(states=(COMPLETE,))
+    queue_module.enqueue(study, ostudy, {"arch": measured[0].params["arch"]})  # the stray copy
+    LocalExecutor().run(study, ostudy)
+    assert not ostudy.get_trials(states=(WAITING,))
+    copies = [t for t in ostudy.get_trials(states=(COMPLETE,)) if "duplicate_of" in t.user_attrs]
+    assert [t.user_attrs["duplicate_of"] for t in copies] == [measured[0].number]

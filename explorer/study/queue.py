@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 MAX_WORKER_DEATHS = 5  # a grid configuration whose trial died with its worker this often is not queued again
 MAX_DUPLICATE_RUN = 200  # the sampler proposed only measured configurations this often in a row: the study stops
 _WAITING, _RUNNING, _FAIL = optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.FAIL
+_COMPLETE = optuna.trial.TrialState.COMPLETE
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
 _KEPT = ("seed", "replicate", "verify", "retry_of_failed", "came_back", "alone")  # what a retry keeps: its seed, why it runs, where
 
@@ -51,15 +52,19 @@ class Queue:
 
         Under the study's lock, the count of what is left and the start are one step for every worker:
         never more than `n_trials` configurations, never one (configuration, seed) twice. Queued trials
-        go first, in queue order: those that run regardless of `n_trials` and as many others as it still
-        admits; then a new proposal, unless the study is a grid (its queue is all it runs).
+        go first, in queue order: those that run regardless of `n_trials`, those whose (configuration,
+        seed) is complete already (answered from storage, so that no stray copy stays queued for ever),
+        and as many others as `n_trials` still admits; then a new proposal, unless the study is a grid
+        (its queue is all it runs).
         """
         with self.study.store.lock():
             trials = current_trials(ostudy)
             slots = self.to_measure(ostudy, trials) - sum(t.state == _RUNNING and not runs_regardless(t) for t in trials)
             waiting = sorted((t for t in trials if t.state == _WAITING), key=lambda t: t.number)
-            admitted = {t.number for t in [t for t in waiting if not runs_regardless(t)][:max(0, slots)]}
-            eligible = [t for t in waiting if runs_regardless(t) or t.number in admitted]
+            done = {(arch(t), self.study.seed_of(t)) for t in trials if t.state == _COMPLETE and "duplicate_of" not in t.user_attrs}
+            free = {t.number for t in waiting if runs_regardless(t) or (arch(t), self.study.seed_of(t)) in done}
+            admitted = {t.number for t in [t for t in waiting if t.number not in free][:max(0, slots)]}
+            eligible = [t for t in waiting if t.number in free or t.number in admitted]
             trial = next(filter(None, (pop(ostudy, t) for t in eligible)), None)
             if trial is None:
                 if waiting or slots <= 0 or self.study.spec.sampler.name == "grid":
@@ -215,8 +220,8 @@ class Queue:
 
 
 def enqueue(study: Study, ostudy: optuna.Study, params: dict[str, Any], **attrs: Any) -> None:
-    """Queue a trial, marked with the question it answers (explorer.identity)."""
-    ostudy.enqueue_trial(params, user_attrs={"identity": study.identity_key, **attrs})
+    """Queue a trial, marked with the question it answers (explorer.identity) and the worker that queued it."""
+    ostudy.enqueue_trial(params, user_attrs={"identity": study.identity_key, "queued_by": WORKER, **attrs})
 
 
 def _bring_back_pruned(study: Study, ostudy: optuna.Study) -> list[str]:
