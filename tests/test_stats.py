@@ -208,7 +208,7 @@ def test_status_says_what_would_decide_a_budget_after_the_policy_spent_its_seeds
     about 20 more seeds of which configurations would decide it. Both now give that advice."""
     from types import SimpleNamespace
 
-    from explorer.api import _answers
+    from explorer.study.read import Reads
 
     rng = np.random.default_rng(8)
     means = np.array([0.70, 0.72, 0.75, 0.78, 0.80, 0.82, 0.94, 0.945])
@@ -216,7 +216,7 @@ def test_status_says_what_would_decide_a_budget_after_the_policy_spent_its_seeds
     summary = stats.summarize(frame(values), "accuracy", OBJECTIVES, draws=0)
     study = SimpleNamespace(space=SimpleNamespace(baseline=None), seeds=[0, 1, 2], task=SimpleNamespace(higher_is_better=True),
                             spec=SimpleNamespace(decision=DecisionSpec(delta=0.002)), budgets=lambda: [10**6])
-    (at, said), = _answers(study, summary)  # every configuration already at the study's 3 seeds
+    (at, said), = Reads(study).answers(summary)  # every configuration already at the study's 3 seeds
     assert not said.decided and said.advice and set(said.advice) <= set(summary["arch"])
     assert any(line.startswith("about ") or line.startswith("more than ") for line in said.words())
 

@@ -304,8 +304,8 @@ def test_a_checkpoint_resumes_with_fewer_gpus_than_it_was_saved_with(monkeypatch
     is visible: before, restoring GPU 1's state raised IndexError (torch.cuda.default_generators[1]), the trial
     failed and its checkpoint was deleted. Now only the trial's own GPU's state is restored, on its device."""
     import explorer.checkpoints as checkpoints_module
-    import explorer.train as train_module
     from explorer import checkpoints
+    from explorer.steps import adamw
 
     task, budget = get_task("digits", {}), Budget(epochs=2, lr=3e-3)
     with pytest.raises(Interrupt):
@@ -328,7 +328,7 @@ def test_a_checkpoint_resumes_with_fewer_gpus_than_it_was_saved_with(monkeypatch
     monkeypatch.setattr(torch.cuda.random, "set_rng_state", set_rng_state)
     monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda new: [set_rng_state(s, i) for i, s in enumerate(new)])
     model = get_family("image-encoder").build(IMAGE)
-    optimizer = train_module._adamw(model, budget, "cpu")  # as the trial built it
+    optimizer = adamw(((p, p.ndim >= 2) for p in model.parameters()), budget.lr, budget.weight_decay, "cpu")  # as run_trial
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     loader = task.load(64, 0).train
     owner = {"family": "image-encoder", "dims": dict(IMAGE)}
