@@ -10,6 +10,7 @@ RAY_AUTH_TOKEN_PATH, so it runs the same whether or not the user has a ~/.ray/au
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -97,10 +98,16 @@ def test_a_study_on_a_cli_cluster_survives_its_worker_node_stopping(head: tuple[
         while True:  # until a trial on the worker node has checkpointed an epoch
             assert driver.poll() is None, driver.stdout.read()
             rows = _results(tmp_path / "ray-results")
-            if any(r.get("epoch", 0) >= 2 and _descends_from(r["pid"], worker.pid) for r in rows):
+            there = [r["pid"] for r in rows if r.get("epoch", 0) >= 2 and _descends_from(r["pid"], worker.pid)]
+            if there:
                 break
             time.sleep(0.2)
-        stop(worker)  # the node goes away mid-trial
+        # the node goes away mid-trial, at once: SIGKILL, as a machine that fails (under SIGTERM a trial of a
+        # few seconds could finish while the node shut down, and then none moved)
+        for kill in (lambda: os.killpg(worker.pid, signal.SIGKILL), lambda: os.kill(there[0], signal.SIGKILL)):
+            with contextlib.suppress(ProcessLookupError):
+                kill()
+        stop(worker)
         output, _ = driver.communicate(timeout=600)
     finally:
         stop(worker)
