@@ -292,7 +292,7 @@ def export(
     The trials table has one row per measurement (duplicates answered from storage left out). The
     configurations table (`--out t.csv` also writes `t.configs.csv`; parquet likewise) has one row per
     configuration from its seeds: arch, its dimensions, params, n (seeds measured), mean, std, se, lo and
-    hi (the 95% t interval of the mean, empty with one seed per configuration), front_prob (probability of
+    hi (the 95% posterior interval of the mean; raw: the mean of its seeds), front_prob (probability of
     being on the Pareto front of the study's objectives), on_front (on the front of means), tied_with
     (for one off the front, the front member it is statistically tied with), seeds and values (the
     metric by seed; JSON lists in CSV).

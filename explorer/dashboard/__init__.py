@@ -1,7 +1,7 @@
 """The study report: one self-contained HTML file of plotly figures and sortable configuration and trial tables.
 
 Every figure and table that speaks of a configuration reads its statistics from `explorer.stats.summarize`
-(`summaries`): the front is drawn at configuration means with their t intervals, coloured by the
+(`summaries`): the front is drawn at the posterior means with their 95% intervals, coloured by the
 probability of being on the Pareto front, with every replicate visible; nothing here averages trials.
 A study with one seed per configuration says so where the intervals would be.
 

@@ -180,8 +180,8 @@ def _front_figure(frames: dict[str, pd.DataFrame], meta: dict[str, dict],
             )
     metrics = esc(", ".join(sorted({metric_of(m)[0] for m in meta.values()})))
     if replicated:
-        title = (f"Pareto front of configuration means: parameters vs {metrics}<br><sup>error bars: {LEVEL:.0%} t "
-                 "interval; colour: P(on front), the probability of being on the Pareto front; size: depth; "
+        title = (f"Pareto front of configuration means: parameters vs {metrics}<br><sup>error bars: {LEVEL:.0%} "
+                 "posterior interval; colour: P(on front), the probability of being on the Pareto front; size: depth; "
                  "open: tied with a front member; grey dots: one per seed</sup>")
         axis = dict(colorscale="Viridis", cmin=0, cmax=1, colorbar=dict(title="P(on front)"))
     else:
