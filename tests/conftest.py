@@ -178,3 +178,14 @@ def server() -> Iterator[Server]:
     finally:
         subprocess.run([*as_owner, _bin("pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"], capture_output=True)
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """Tiny models run fastest on one thread, and two threads thrash when the 2 cores are shared."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

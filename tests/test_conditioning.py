@@ -30,12 +30,7 @@ from explorer.tasks import get_task
 IMAGE = dict(layers=2, heads=4, width=64, mlp=128, img_size=8, patch=2, in_chans=1, num_classes=10)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -33,12 +33,7 @@ HF = ["hf-gpt2", "hf-bert", "hf-llama"]
 COMPLETE = optuna.trial.TrialState.COMPLETE
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @st.composite

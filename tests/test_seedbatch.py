@@ -29,12 +29,7 @@ IMAGE = dict(layers=2, heads=4, width=32, mlp=64, img_size=8, patch=2, in_chans=
 SEEDS = [0, 1, 2]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import optuna
 import pytest
-import torch
 from conftest import TINY_SPACE, write_study
 
 from explorer.executors import seedgroups
@@ -20,12 +19,7 @@ COMPLETE, WAITING, RUNNING = (optuna.trial.TrialState.COMPLETE, optuna.trial.Tri
 BUDGET = {"epochs": 2, "batch_size": 128, "lr": 0.003, "seed": 0, "seeds": 3}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def run_study(folder: Path, seed_batch: str) -> dict[tuple[str, int], optuna.trial.FrozenTrial]:

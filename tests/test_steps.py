@@ -20,12 +20,7 @@ DIMS = dict(layers=1, heads=2, width=16, mlp=32, img_size=8, patch=4, in_chans=1
 BUDGET = Budget(epochs=2, batch_size=128, lr=3e-3, grad_clip=0.5)  # 1437 train images: 11 full batches and one of 29
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture

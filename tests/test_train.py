@@ -18,13 +18,7 @@ from explorer.train import Budget, TrialResult, run_trial
 IMAGE = dict(layers=2, heads=4, width=32, mlp=64, img_size=8, patch=2, in_chans=1, num_classes=10)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and two threads thrash when the 2 cores are shared."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def train(family: str, dims: dict, task, budget: Budget, **kwargs) -> tuple[TrialResult, list]:
