@@ -13,7 +13,8 @@ the likelihood is flat from 0 to a few tenths of a run's sd, and its maximum sit
 configuration exactly on the surface), which in simulated studies made the bound 3x too sure
 (bench/decide.py: 14% false decisions). Instead `tau` is integrated over a uniform prior on the sd
 (Gelman 2006, for the variance of a hierarchical component) on a grid, and the mixture of the
-posteriors is summarised by its mean and covariance (`mixed`).
+posteriors is summarised by its mean and covariance (`mixed`). A configuration may have a deviation
+of its own beyond `tau` (`deviations`: explorer.posterior says which and how much).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from scipy import linalg, optimize
 CONSTANT_VAR = 4.0  # the constant's prior variance, in units of the means' variance (at least 0.1)
 JITTER = 1e-9
 TAU_GRID = 8  # points of the grid over tau, from 0 to `tau_max`
+FREE = 1e4  # a free configuration's deviation variance, in units of the means' spread: no pull to the surface
 
 
 @dataclass(frozen=True)
@@ -66,18 +68,20 @@ def _shape(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return c, c
 
 
-def kernel(hyper: Hyper, x: np.ndarray, z: np.ndarray, constant: float) -> np.ndarray:
-    """The prior covariance between configurations at `x` and at `z` (`tau` only where they are the same row)."""
+def kernel(hyper: Hyper, x: np.ndarray, z: np.ndarray, constant: float, extra: np.ndarray | None = None) -> np.ndarray:
+    """The prior covariance between configurations at `x` and at `z` (the deviation, `tau`² plus `extra`
+    per row, only where they are the same row)."""
     ell2 = np.square(hyper.ell)
     k = constant + hyper.sf**2 * _shape(np.tensordot(1 / ell2, _sq(x, z), axes=1))[0] if len(ell2) else \
         np.full((len(x), len(z)), constant + hyper.sf**2)
     if x is z:
-        k = k + hyper.tau**2 * np.eye(len(x))
+        k = k + np.diag(np.full(len(x), hyper.tau**2) if extra is None else hyper.tau**2 + extra)
     return k
 
 
 def _nll(theta: np.ndarray, d2: np.ndarray, y: np.ndarray, noise: np.ndarray, constant: float) -> tuple[float, np.ndarray]:
-    """Negative log marginal likelihood and its gradient in (log sf, log ell..., log tau)."""
+    """Negative log marginal likelihood and its gradient in (log sf, log ell..., log tau); `noise` holds
+    any deviation of a configuration's own beyond `tau` (explorer.gp.deviations) too."""
     sf2, ell2, tau2 = np.exp(2 * theta[0]), np.exp(2 * theta[1:-1]), np.exp(2 * theta[-1])
     r, dr = _shape(np.tensordot(1 / ell2, d2, axes=1)) if len(ell2) else (np.ones((len(y), len(y))), None)
     k = constant + sf2 * r + tau2 * np.eye(len(y)) + noise
@@ -120,10 +124,11 @@ def fit(x: np.ndarray, y: np.ndarray, noise: np.ndarray, warm: Hyper | None = No
 
 
 def posterior(hyper: Hyper, constant: float, x_all: np.ndarray, seen: np.ndarray, y: np.ndarray,
-              noise: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+              noise: np.ndarray, extra: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Posterior mean and covariance of every configuration's true mean (rows of `x_all`), given the
-    measured means `y` of the rows `seen` with noise covariance `noise`."""
-    k_all = kernel(hyper, x_all, x_all, constant)
+    measured means `y` of the rows `seen` with noise covariance `noise`; `extra`: each row's deviation
+    variance beyond `tau`² (explorer.gp.deviations)."""
+    k_all = kernel(hyper, x_all, x_all, constant, extra)
     k_seen = k_all[np.ix_(seen, seen)] + noise
     chol = linalg.cho_factor(k_seen + JITTER * np.eye(len(seen)), lower=True, check_finite=False)
     cross = k_all[:, seen]
@@ -134,21 +139,32 @@ def posterior(hyper: Hyper, constant: float, x_all: np.ndarray, seen: np.ndarray
 
 
 def evidence(hyper: Hyper, constant: float, x: np.ndarray, y: np.ndarray, noise: np.ndarray) -> float:
-    """The log marginal likelihood of means `y` at `x` (up to a constant)."""
+    """The log marginal likelihood of means `y` at `x` (up to a constant; `noise` as in `_nll`)."""
     nll, _ = _nll(hyper.theta(), _sq(x, x), y - y.mean(), noise, constant)
     return -nll
 
 
+def deviations(hyper: Hyper, y: np.ndarray, noise: np.ndarray, free: np.ndarray, floor: np.ndarray) -> np.ndarray:
+    """Each measured configuration's deviation variance beyond `tau`²: at least `floor` (explorer.posterior
+    sets it: how far the surface may pull a configuration), unbounded for `free` ones (not pulled at all)."""
+    big = FREE * max(float(np.var(y)), float(np.max(np.diag(noise))), 1e-4)
+    return np.where(free, big, np.maximum(hyper.tau**2, floor)) - hyper.tau**2
+
+
 def mixed(hyper: Hyper, constant: float, x_all: np.ndarray, seen: np.ndarray, y: np.ndarray, noise: np.ndarray,
-          tau_max: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+          tau_max: float, free: np.ndarray, floor: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The posterior with `tau` integrated over a uniform prior on [0, `tau_max`] (a grid of TAU_GRID
-    points, the other settings held): its mean and covariance (moment-matched), the grid and its weights."""
+    points, the other settings held, each with its `deviations`): its mean and covariance
+    (moment-matched), the grid and its weights."""
     taus = np.linspace(0.0, tau_max, TAU_GRID)
     hypers = [Hyper(hyper.sf, hyper.ell, float(t)) for t in taus]
-    logw = np.array([evidence(h, constant, x_all[seen], y, noise) for h in hypers])
+    extras = [deviations(h, y, noise, free, floor) for h in hypers]
+    logw = np.array([evidence(h, constant, x_all[seen], y, noise + np.diag(e)) for h, e in zip(hypers, extras)])
     w = np.exp(logw - logw.max())
     w /= w.sum()
-    parts = [posterior(h, constant, x_all, seen, y, noise) for h, wk in zip(hypers, w) if wk > 1e-4]
+    full = np.zeros((len(extras), len(x_all)))  # the predicted rows: the scale tau alone
+    full[:, seen] = extras
+    parts = [posterior(h, constant, x_all, seen, y, noise, f) for h, f, wk in zip(hypers, full, w) if wk > 1e-4]
     ws = w[w > 1e-4] / w[w > 1e-4].sum()
     mean = sum(wk * m for wk, (m, _) in zip(ws, parts))
     cov = sum(wk * (c + np.outer(m - mean, m - mean)) for wk, (m, c) in zip(ws, parts))

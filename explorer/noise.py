@@ -108,15 +108,18 @@ class NoiseModel:
         `own` (NaN or anything with one seed) moderated towards the trend's at its level; a configuration
         whose own variance is improbably large under the trend (past the F(n - 1, d0) quantile at
         1 - OUTLIER: an unstable one, like digits-vit's layers=3,heads=1 at 4.8 points) keeps its own."""
-        n = np.asarray(n, float)
-        dof = np.maximum(n - 1, 0)
+        dof = np.maximum(np.asarray(n, float) - 1, 0)
         own = np.where(dof > 0, np.nan_to_num(np.asarray(own, float)), 0.0)
-        prior = self.prior_var(level)
-        with np.errstate(invalid="ignore"):
-            outlier = (dof > 0) & (own > prior * special.fdtri(np.maximum(dof, 1), self.prior_dof, 1 - OUTLIER))
-        d0 = np.where(outlier, 0.0, self.prior_dof)
-        var = (d0 * prior + dof * own) / (d0 + dof)
+        d0 = np.where(self.outlier(level, n, own), 0.0, self.prior_dof)
+        var = (d0 * self.prior_var(level) + dof * own) / (d0 + dof)
         return var, d0 + dof
+
+    def outlier(self, level: np.ndarray, n: np.ndarray, own: np.ndarray) -> np.ndarray:
+        """Configurations whose own variance is improbably large under the trend: an unstable one."""
+        dof = np.maximum(np.asarray(n, float) - 1, 0)
+        own = np.where(dof > 0, np.nan_to_num(np.asarray(own, float)), 0.0)
+        with np.errstate(invalid="ignore"):
+            return (dof > 0) & (own > self.prior_var(level) * special.fdtri(np.maximum(dof, 1), self.prior_dof, 1 - OUTLIER))
 
     def sd(self, metric: float) -> float:
         """The sd of one run, in metric units, at a configuration whose mean metric is `metric`."""

@@ -103,10 +103,39 @@ def test_accuracy_intervals_stay_inside_0_and_1_and_never_exceed_the_range() -> 
 
 def test_digits_wide_intervals_are_not_per_configuration_two_dof_ones() -> None:
     """Defect 5: on digits-wide Bartlett always rejected, so every interval was the configuration's own on 2
-    degrees of freedom: half-widths 6.7 to 60 points. The pooled, level-dependent model moderates them."""
+    degrees of freedom: half-widths 6.7 to 60 points. The pooled, level-dependent model moderates them;
+    only the few unstable configurations (runs like 0.40, 0.73, 0.73) keep wide intervals of their own."""
     t = stats.summarize(table("digits-wide", [0, 1, 2]), "accuracy", OBJECTIVES, draws=0)
     half = 100 * (t["hi"] - t["lo"]) / 2
-    assert half.median() < 3 and half.max() < 25 and (t["hi"] <= 1).all()
+    assert half.median() < 3 and (t["hi"] <= 1).all()
+    wide = t[half > 10]
+    assert len(wide) <= 0.05 * len(t)
+    assert all(max(v) - min(v) > 0.1 for v in wide["values"])
+
+
+def test_noisy_configurations_off_the_surface_keep_their_coverage() -> None:
+    """bench/coverage.py found the posterior's intervals holding the true mean of digits-wide's noisiest
+    tenth in 79% of simulated studies (one configuration 12%): a noisy configuration was pulled onto the
+    surface, and noisy ones sit further off it. Here 24 configurations on a smooth surface (sd 1 point)
+    and four noisy ones 4 points below it (sd 5 points, one 12): their intervals, now pulled at most
+    halfway (an unstable one not at all), hold the true means in most of 40 simulated studies of 3 seeds
+    (their coverage under this model, a pull of 4 points against noise of 2.9 on a 3-seed mean, is below 95%:
+    the test is that it is no longer a quarter)."""
+    rng = np.random.default_rng(11)
+    layers, heads = np.meshgrid([1, 2, 3, 4, 6, 8], [1, 2, 4, 8], indexing="ij")
+    layers, heads = layers.ravel(), heads.ravel()
+    truth = 0.90 + 0.01 * np.log(layers) + 0.005 * np.log(heads)
+    sd = np.full(len(truth), 0.01)
+    noisy = np.array([3, 10, 15, 20])
+    truth[noisy] -= 0.04
+    sd[noisy] = [0.05, 0.05, 0.05, 0.12]
+    hits = np.zeros(len(truth))
+    for _ in range(40):
+        values = np.clip(truth[:, None] + sd[:, None] * rng.standard_normal((len(truth), 3)), 0, 1)
+        f = frame(values, layers=list(layers)).assign(heads=lambda d: heads[d["arch"].str[1:].astype(int)])
+        t = stats.summarize(f, "accuracy", OBJECTIVES, draws=0).set_index("arch").loc[[f"c{i:02d}" for i in range(len(truth))]]
+        hits += (t["lo"].to_numpy() <= truth) & (truth <= t["hi"].to_numpy())
+    assert hits[noisy].mean() / 40 >= 0.7 and hits.mean() / 40 >= 0.9  # 0.80 and 0.95 measured; before, 0.24
 
 
 def test_one_seed_per_configuration_has_no_interval_and_says_what_would_give_one() -> None:
