@@ -6,7 +6,7 @@ it is imported on first use, so `import explorer` (and the command line) stay fa
 The map, in the order a study flows:
 
     space.py, families/, tasks/      what is searched (configurations, exact counts) and on what data
-    study/spec.py                    a study's YAML resolved against its files, and its identity
+    study/spec.py, budget.py         a study's YAML resolved against its files, its identity, how a trial trains
     study/storage.py, lock.py        its Optuna storage, and the lock under which workers decide what runs
     optuna_compat.py                 the one module using Optuna's private names (bottom floor)
     study/queue.py                   what runs next: grid, replicates, verification, retries

@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import optuna
-import torch
-from torch import nn
 
 from explorer.errors import ExplorerError
 
 if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
     from explorer.tasks import Loader
 
 OWNER = "owner.json"
@@ -82,6 +83,8 @@ class Parts:
 
 def save(path: Path, owner: dict[str, Any], parts: Parts, progress: dict[str, Any], device: str) -> None:
     """Write the checkpoint atomically: a crash mid-write leaves the previous one intact."""
+    import torch  # here: reading a study (which names checkpoint folders) imports no torch
+
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "config": owner,
@@ -102,6 +105,8 @@ def load(path: Path, owner: dict[str, Any], parts: Parts, device: str, seed_lock
     torch's global RNG state is set inside `seed_lock`, the lock under which trials in threads seed it
     and draw their models' initialisation: set outside it, it would change another trial's model.
     """
+    import torch
+
     payload = torch.load(path, map_location="cpu", weights_only=True)  # saved on any device: loaded to ours
     if payload["config"] != owner:
         raise ExplorerError(f"checkpoint is of {payload['config']}, not of this trial's configuration", source=str(path))
@@ -125,6 +130,8 @@ def load(path: Path, owner: dict[str, Any], parts: Parts, device: str, seed_lock
 def _rng_state(loader: Loader, device: str) -> dict[str, Any]:
     """The RNG states a resumed run needs: torch's, the trial's own GPU's (not every visible one: a retry
     may see fewer GPUs, or others), the data order's."""
+    import torch
+
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state(torch.device(device)) if device.startswith("cuda") else None,

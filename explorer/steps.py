@@ -22,13 +22,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-Compile = Literal["none", "compile", "cudagraphs"]
+from explorer.budget import Compile
+
 StepFn = Callable[..., None]
 WARMUP_STEPS = 3  # eager steps on a side stream before a capture, as torch.cuda.graphs asks
 

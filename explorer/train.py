@@ -20,14 +20,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
 from explorer import checkpoints
+from explorer.budget import Budget
 from explorer.checkpoints import CHECKPOINT
 from explorer.conditioning import BlockKappa, attention_condition
 from explorer.errors import TrialFailed
@@ -42,54 +42,6 @@ Callback = Callable[[int, dict[str, float]], None]
 KAPPA_SAMPLES = 32  # eval samples on which κ is measured: enough for a stable median, cheap to SVD
 _GLOBAL_RNG = threading.Lock()  # held while a trial seeds torch's global RNG and draws its model's initialisation
 NAN_CHECK_EVERY = 50  # on CUDA, steps between the host syncs that look for a non-finite loss
-SPEED_ONLY = {"compile", "seed_batch"}  # budget fields that change how fast a trial runs, not what it measures
-
-
-class Budget(BaseModel):
-    """How long and how one trial trains. The run stops at whichever limit comes first."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    epochs: int = Field(3, ge=1)
-    max_steps: int | None = Field(None, ge=1)
-    time_limit_s: float | None = Field(None, gt=0)
-    batch_size: int = Field(64, ge=1)
-    lr: float = Field(1e-3, gt=0)
-    weight_decay: float = Field(0.05, ge=0)
-    warmup_frac: float = Field(0.1, ge=0, le=1)
-    grad_clip: float | None = Field(1.0, gt=0)
-    bf16: bool = True  # autocast to bfloat16, on CUDA only (a CPU trains in float32 and records so: `precision`)
-    tf32: bool = False  # TF32 for float32 matmuls and convolutions, on CUDA only (explorer.steps.set_tf32)
-    compile: Compile = "none"  # how a step runs: none | compile | cudagraphs (explorer.steps)
-    seed_batch: Literal["auto", "on", "off"] = "auto"  # a configuration's seeds trained as one model (explorer.seedbatch)
-    seed: int = 0  # sets the model's initialisation and the data order
-    # replicates: N seeds (seed, seed+1, ...) or a list of seeds; replicate i of every configuration
-    # uses the same seed, so configurations are compared on the same data order (explorer.stats)
-    seeds: int | list[int] | None = None
-
-    @field_validator("seeds")
-    @classmethod
-    def _seeds(cls, value: int | list[int] | None) -> int | list[int] | None:
-        if isinstance(value, int) and value < 1:
-            raise ValueError("at least one seed")
-        if isinstance(value, list) and (not value or len(set(value)) != len(value)):
-            raise ValueError("a non-empty list of distinct seeds")
-        return value
-
-    def identity(self) -> dict[str, Any]:
-        """The fields that change what a trial measures (the study's identity): not the seeds, not how fast
-        it runs (SPEED_ONLY), and `tf32` only when on, so a study stored before it existed keeps its identity."""
-        fields = self.model_dump(mode="json", exclude={"seeds", *SPEED_ONLY})
-        if not self.tf32:
-            del fields["tf32"]
-        return fields
-
-    @property
-    def seed_list(self) -> list[int]:
-        """The replicate seeds, the first of them the one every configuration starts with."""
-        if isinstance(self.seeds, list):
-            return list(self.seeds)
-        return [self.seed + i for i in range(self.seeds or 1)]
 
 
 @dataclass

@@ -241,7 +241,6 @@ def test_a_resume_in_another_thread_leaves_a_trial_being_initialised_alone(monke
     import threading
     import time
 
-    import explorer.checkpoints as checkpoints_module
     import explorer.train as train_module
 
     family = get_family("image-encoder")
@@ -267,7 +266,7 @@ def test_a_resume_in_another_thread_leaves_a_trial_being_initialised_alone(monke
                 time.sleep(0.3)  # time for B to restore the RNG state unless it waits for the seed lock
             return family.build(dims)
 
-    load = checkpoints_module.torch.load
+    load = torch.load
 
     def loaded(*args, **kwargs):  # B: about to restore its RNG state once A is inside its build
         a_building.wait(10)
@@ -277,7 +276,7 @@ def test_a_resume_in_another_thread_leaves_a_trial_being_initialised_alone(monke
 
     monkeypatch.setattr(train_module, "get_family", lambda name: SlowBuild())
     alone = train("image-encoder", a_dims, task, budget)[0].curve
-    monkeypatch.setattr(checkpoints_module.torch, "load", loaded)
+    monkeypatch.setattr(torch, "load", loaded)
     racing.set()
     together: dict[str, list] = {}
     resumed = threading.Thread(target=lambda: together.setdefault("b", run_trial(

@@ -10,12 +10,13 @@ from __future__ import annotations
 import re
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import optuna
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from explorer import checkpoints
+from explorer.budget import Budget
 from explorer.errors import ExplorerError
 from explorer.identity import identity_key
 from explorer.pruning import BinnedPruner, bin_edges
@@ -24,8 +25,10 @@ from explorer.replicates import ReplicateSpec
 from explorer.sampling import BudgetSampler, Encoding, FeasibleSampler, encoding_of
 from explorer.space import Config, SearchSpace, SpaceSpec, load_space
 from explorer.tasks import Task, get_task
-from explorer.train import Budget
 from explorer.yamlio import load_model
+
+if TYPE_CHECKING:
+    from explorer.study.evaluate import Evaluator
 
 OBJECTIVE_NAMES = ("params", "flops", "train_time_s")  # besides the task's metrics
 _OBJECTIVE = re.compile(r"^(maximize|minimize)\s+(\w+)$")
@@ -159,15 +162,21 @@ class Study:
         self.objectives: list[Objective] = spec.objectives or self._default_objectives()
         self._check_objectives()
         self._check_task_fits_space()
-        from explorer.study.evaluate import Evaluator
         from explorer.study.queue import Queue
         from explorer.study.read import Reads
         from explorer.study.storage import Store
 
         self.store = Store(self)
         self.queue = Queue(self)
-        self.evaluator = Evaluator(self)
         self.reads = Reads(self)
+
+    @cached_property
+    def evaluator(self) -> Evaluator:
+        """evaluate.py's job, made on first use: it imports torch, which reading a study never needs (an
+        executor takes it in its main thread, settling the run's class, before any trial thread starts)."""
+        from explorer.study.evaluate import Evaluator
+
+        return Evaluator(self)
 
     def to_data(self) -> dict[str, Any]:
         """The resolved study as plain data, for machines that do not have its files (Ray worker nodes)."""

@@ -7,12 +7,16 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-import torch
-import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from explorer.tasks import Task, TaskData, register, tensor_data
+from explorer.tasks import Task, register
+
+if TYPE_CHECKING:
+    import torch
+
+    from explorer.tasks import TaskData
 
 
 class DigitsOptions(BaseModel):
@@ -26,6 +30,8 @@ class DigitsOptions(BaseModel):
 @lru_cache(maxsize=4)
 def _tensors(img_size: int, in_chans: int, eval_fraction: float, split_seed: int) -> tuple[torch.Tensor, ...]:
     """(x_train, y_train, x_eval, y_eval), normalised with the train split's mean and std."""
+    import torch
+    import torch.nn.functional as F
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -55,6 +61,8 @@ class Digits(Task):
         return {"img_size": self.options.img_size, "in_chans": self.options.in_chans, "num_classes": 10}
 
     def load(self, batch_size: int, seed: int) -> TaskData:
+        from explorer.tasks import tensor_data
+
         o = self.options
         x_train, y_train, x_eval, y_eval = _tensors(o.img_size, o.in_chans, o.eval_fraction, o.split_seed)
         return tensor_data((x_train, y_train), (x_eval, y_eval), batch_size, seed)

@@ -13,16 +13,17 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
-from torch.utils.data import DataLoader, Dataset, Subset
 
 from explorer.errors import ExplorerError
-from explorer.tasks import EpochBatches, Task, TaskData, register
+from explorer.tasks import Task, register
 
 if TYPE_CHECKING:
     from PIL import Image
+    from torch.utils.data import Dataset
     from torchvision.datasets import ImageFolder as TorchImageFolder
+
+    from explorer.tasks import TaskData
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -113,6 +114,11 @@ class ImageFolder(Task):
             raise self.error(f"{directory}: {err}".strip(), "root") from None
 
     def load(self, batch_size: int, seed: int) -> TaskData:
+        import torch
+        from torch.utils.data import DataLoader, Subset
+
+        from explorer.tasks import EpochBatches, TaskData
+
         o = self.options
         train_dir, val_dir = self._dirs()
         train_set = self._dataset(train_dir)

@@ -18,13 +18,17 @@ from __future__ import annotations
 
 import random
 from functools import lru_cache
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
 import numpy as np
-import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from explorer.tasks import Task, TaskData, register, tensor_data
+from explorer.tasks import Task, register
+
+if TYPE_CHECKING:
+    import torch
+
+    from explorer.tasks import TaskData
 
 MIN, MAX, MED, SUM_MOD, END = "[MIN", "[MAX", "[MED", "[SM", "]"
 OPERATORS = (MIN, MAX, MED, SUM_MOD)
@@ -104,6 +108,8 @@ def _evaluate(tree: Tree) -> int | str | tuple[str, list[int]]:
 @lru_cache(maxsize=4)
 def _generate(options: ListOpsOptions) -> tuple[torch.Tensor, torch.Tensor]:
     """(x, y) for the first n_train + n_eval distinct accepted trees: x (N, max_length) ids, y (N,)."""
+    import torch
+
     o = options
     rng = random.Random(o.seed)
     wanted = o.n_train + o.n_eval
@@ -140,6 +146,8 @@ class ListOps(Task):
         return {"vocab": len(VOCAB), "seq_len": self.options.max_length, "num_classes": 10}
 
     def load(self, batch_size: int, seed: int) -> TaskData:
+        from explorer.tasks import tensor_data
+
         try:
             x, y = _generate(self.options)
         except ValueError as err:

@@ -13,13 +13,18 @@ from __future__ import annotations
 import csv
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from explorer.tasks import Task, TaskData, register, tensor_data
+from explorer.tasks import Task, register
+
+if TYPE_CHECKING:
+    import torch
+
+    from explorer.tasks import TaskData
 
 PAD = 0
 VOCAB = 257  # padding + 256 byte values
@@ -38,6 +43,8 @@ class TextClassificationOptions(BaseModel):
 
 def encode(texts: list[str], seq_len: int) -> torch.Tensor:
     """(N, seq_len) int64 ids: UTF-8 bytes + 1, cut at seq_len, padded with 0."""
+    import torch
+
     ids = np.zeros((len(texts), seq_len), dtype=np.int64)
     for i, text in enumerate(texts):
         raw = np.frombuffer(text.encode("utf-8")[:seq_len], dtype=np.uint8)
@@ -100,6 +107,10 @@ class TextClassification(Task):
         return {"vocab": VOCAB, "seq_len": self.options.seq_len, "num_classes": len(self._classes(self._split()[0]))}
 
     def load(self, batch_size: int, seed: int) -> TaskData:
+        import torch
+
+        from explorer.tasks import tensor_data
+
         train, held = self._split()
         index = {label: i for i, label in enumerate(self._classes(train))}
         unknown = sorted(set(held[self.options.label]) - set(index))

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from explorer.device_data import same_tensor
-from explorer.tasks import Task, TaskData, batch_loader, register
+from explorer.tasks import Task, register
+
+if TYPE_CHECKING:
+    import torch
+
+    from explorer.tasks import TaskData
 
 UNKNOWN = 0  # character-level id of a character absent from the train part
 
@@ -36,6 +39,8 @@ class Windows:
     """Windows of a token stream; `windows[index]` returns a whole batch with one gather where the tokens live."""
 
     def __init__(self, tokens: torch.Tensor, seq_len: int, stride: int):
+        import torch
+
         self.tokens, self.seq_len, self.stride = tokens, seq_len, stride
         self.offsets = torch.arange(seq_len + 1, device=tokens.device)
 
@@ -43,6 +48,8 @@ class Windows:
         return (len(self.tokens) - self.seq_len - 1) // self.stride + 1
 
     def __getitem__(self, index: int | list[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch
+
         starts = torch.as_tensor(index, device=self.tokens.device) * self.stride
         window = self.tokens[starts[..., None] + self.offsets].long()
         return window[..., :-1], window[..., 1:]
@@ -56,6 +63,8 @@ class Windows:
         return Windows(self.tokens.to(device), self.seq_len, self.stride)
 
     def same(self, other: object) -> bool:
+        from explorer.device_data import same_tensor
+
         return (isinstance(other, Windows) and (other.seq_len, other.stride) == (self.seq_len, self.stride)
                 and same_tensor(self.tokens, other.tokens))
 
@@ -66,6 +75,8 @@ def _read(path: Path, level: str, eval_fraction: float, stamp: tuple[int, int]) 
 
     Raises UnicodeDecodeError for a character-level file that is not UTF-8.
     """
+    import torch
+
     if level == "byte":
         tokens = torch.from_numpy(np.fromfile(path, dtype=np.uint8))
         cut = int(len(tokens) * (1 - eval_fraction))
@@ -115,6 +126,8 @@ class TextFile(Task):
         return {"vocab": vocab, "seq_len": self.options.seq_len}
 
     def load(self, batch_size: int, seed: int) -> TaskData:
+        from explorer.tasks import TaskData, batch_loader
+
         o = self.options
         train, held, _ = self._tokens()
         return TaskData(
