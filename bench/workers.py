@@ -72,12 +72,13 @@ class Outcome:
     kills: int
     wall_s: float
     exits: list[int] = field(default_factory=list)  # exit codes of the workers not killed
+    hung: int = 0  # workers still running at the deadline (their stacks are in the log)
     left: list[str] = field(default_factory=list)  # the trials left queued or running: number, attrs (who queued them, why)
 
     @property
     def right(self) -> bool:
         return (self.trained == self.pairs and not self.duplicated and not self.lost and not self.running and not self.waiting
-                and self.status_runs == self.trained and not self.status_running and set(self.exits) <= {0})
+                and self.status_runs == self.trained and not self.status_running and set(self.exits) <= {0} and not self.hung)
 
 
 def write(folder: Path, storage: str, threads: int) -> Path:
@@ -113,7 +114,7 @@ def stress(storage: str, folder: Path, processes: int = 4, threads: int = 2, kil
     loader = cpu_load(timeout) if load else None
     start = time.perf_counter()
     procs = [worker(path, log) for _ in range(processes)]
-    done_kills, survivors = 0, []
+    done_kills, survivors, hung = 0, [], []
     try:
         while done_kills < kills and time.perf_counter() - start < timeout:
             time.sleep(rng.uniform(0.5, 3.0))
@@ -129,7 +130,15 @@ def stress(storage: str, folder: Path, processes: int = 4, threads: int = 2, kil
             done_kills += 1
             procs[procs.index(victim)] = worker(path, log)
         deadline = start + timeout
-        survivors = [p.wait(timeout=max(1.0, deadline - time.perf_counter())) for p in procs]
+        for p in procs:
+            try:
+                survivors.append(p.wait(timeout=max(1.0, deadline - time.perf_counter())))
+            except subprocess.TimeoutExpired:
+                break
+        hung = [p for p in procs if p.poll() is None]
+        for p in hung:  # past the deadline: each thread's stack goes to the log (explorer.cli registers SIGUSR1)
+            p.send_signal(signal.SIGUSR1)
+        time.sleep(2 if hung else 0)
     finally:
         for p in [*procs, *([loader] if loader else [])]:
             if p.poll() is None:
@@ -147,7 +156,7 @@ def stress(storage: str, folder: Path, processes: int = 4, threads: int = 2, kil
                    waiting=sum(t.state == _WAITING for t in trials),
                    reclaimed=sum(t.state == _FAIL and "fail_reason" not in t.user_attrs for t in trials),
                    status_runs=status.runs, status_running=status.states.get("RUNNING", 0), kills=done_kills,
-                   wall_s=wall, exits=survivors,
+                   wall_s=wall, exits=survivors, hung=len(hung),
                    left=[f"#{t.number} {t.state.name} {t.user_attrs}" for t in trials if t.state in (_WAITING, _RUNNING)])
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import sys
@@ -408,6 +409,7 @@ def condition(
 def main() -> None:
     """Entry point: user errors are one line on stderr and exit 1; an interrupt exits 130 with the way on."""
     signal.signal(signal.SIGINT, _interrupted_while_starting)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack on stderr (why a worker waits)
     from explorer.api import quiet  # torch, optuna, pandas: an interrupt inside some of their C code makes the
     # interpreter die by SIGINT at exit whatever we catch, so while they load it leaves at once (nothing is open yet)
 

@@ -27,4 +27,4 @@ def test_workers_killed_and_restarted_under_load_train_every_configuration_and_s
     log = (tmp_path / "workers.log").read_text()
     assert out.kills == 3, log[-3000:]
     print(out)  # reclaimed: trials whose worker was killed mid-trial, each retried by the others
-    assert out.right, f"{out}\n{log[-3000:]}"
+    assert out.right, f"{out}\n{log[-20000:]}"  # a hung worker's stacks are at the end
