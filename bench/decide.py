@@ -148,7 +148,7 @@ def run_new(truth: Truth, values: np.ndarray, delta: float, cap: int, fixed: boo
         hyper = post.hyper or hyper
         if fixed:
             break
-        more = wanted_keys(post, cap, at, decision)
+        more = wanted_keys(post, cap, at, decision, truth.baseline)
         if not more:
             break
         for k in more:

@@ -16,7 +16,8 @@ most shrinks the regret bounds still above the margin at the study's budgets (bu
 configurations count once), until every budget is decided, no seed would shrink a bound, or the
 configurations that matter are at the seed cap (`decision.max_seeds`, else `budget.seeds`). Before any
 configuration has two seeds there is no noise estimate: the first round gives the two best means of
-each question their second seed.
+each question their second seed. The space's baseline also gets a seed per round while a verdict
+against it (non-inferior, say) rests on fewer of its seeds than the pick has.
 """
 
 from __future__ import annotations
@@ -42,11 +43,11 @@ class ReplicateSpec(BaseModel):
 
 
 def wanted(summary: pd.DataFrame, max_seeds: int, spec: ReplicateSpec, budgets: Sequence[int] = (),
-           decision: DecisionSpec | None = None) -> list[str]:
+           decision: DecisionSpec | None = None, baseline: str | None = None) -> list[str]:
     """Configurations of a `stats.summarize` table that should get one more seed now.
 
     `decide` reads the table's posterior, `budgets` (parameter counts; none: `decision`'s default over
-    the space) and `decision` (margin, level, seed cap).
+    the space), `decision` (margin, level, seed cap) and the space's `baseline`.
     """
     if not len(summary):
         return []
@@ -55,7 +56,7 @@ def wanted(summary: pd.DataFrame, max_seeds: int, spec: ReplicateSpec, budgets: 
         return list(summary.loc[room, "arch"])
     post: Posterior = summary.attrs["posterior"]
     if spec.policy == "decide":
-        return wanted_keys(post, max_seeds, budgets, decision or DecisionSpec())
+        return wanted_keys(post, max_seeds, budgets, decision or DecisionSpec(), baseline)
     if summary["front_prob"].isna().all():  # no replicate yet: no noise estimate
         return list(summary.loc[room & summary["on_front"] & (len(summary) > 1), "arch"])
     sure = summary["front_prob"] >= spec.confidence
@@ -63,7 +64,8 @@ def wanted(summary: pd.DataFrame, max_seeds: int, spec: ReplicateSpec, budgets: 
     return list(summary.loc[room & ~sure & ~beaten, "arch"])
 
 
-def wanted_keys(post: Posterior, max_seeds: int, budgets: Sequence[int], decision: DecisionSpec) -> list[str]:
+def wanted_keys(post: Posterior, max_seeds: int, budgets: Sequence[int], decision: DecisionSpec,
+                baseline: str | None = None) -> list[str]:
     """The `decide` policy on a posterior: the configurations that get one more seed now."""
     cap = min(max_seeds, decision.max_seeds or max_seeds)
     measured = post.n > 0
@@ -71,7 +73,7 @@ def wanted_keys(post: Posterior, max_seeds: int, budgets: Sequence[int], decisio
     best = float(np.nanmax(post.sign() * post.mean[measured])) * post.sign()
     delta = decision.margin(post.higher_is_better, best)
     at = budgets or decision.budget_list([int(p) for p in post.params])
-    return next_seeds(post, at, delta, decision.level, room)
+    return next_seeds(post, at, delta, decision.level, room, baseline=baseline)
 
 
 def _beaten(summary: pd.DataFrame, post: Posterior, confidence: float) -> pd.Series:

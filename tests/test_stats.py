@@ -231,6 +231,28 @@ def test_the_decide_policy_spends_seeds_where_the_bound_shrinks() -> None:
     assert next_seeds(post, [10**6], 0.5, 0.95, room) == []  # decided at a 50-point margin: no seed
 
 
+def test_a_claim_against_a_baseline_with_fewer_seeds_than_the_pick_gives_the_baseline_seeds() -> None:
+    """bench/decide.py's fidelity table: picks at six seeds were said non-inferior to a noisy baseline measured
+    at one or two, falsely (2 of 40 studies at a 1-point margin). The decide policy gives the baseline seeds while a verdict
+    claims something against it for a pick with more seeds than it has, and stops once it has caught up."""
+    rng = np.random.default_rng(9)
+    means = np.array([0.70, 0.74, 0.78, 0.82, 0.86, 0.90, 0.92, 0.94])
+    values = means[:, None] + 0.005 * rng.standard_normal((8, 6))
+    thin = values.copy()
+    thin[6, 1:] = np.nan  # the baseline, c06, at one seed
+
+    def policy(v: np.ndarray, baseline: str | None) -> list[str]:
+        post = stats.summarize(frame(v), "accuracy", OBJECTIVES, draws=0).attrs["posterior"]
+        room = {k: 6 - int(n) for k, n in zip(post.keys, post.n)}
+        assert post.regret(post.keys, 0.95).pick == "c07"
+        assert verdict(post, "c07", "c06", 0.05).kind in ("beats", "equivalent", "non-inferior")
+        return next_seeds(post, [10**6], 0.05, 0.95, room, baseline=baseline)
+
+    assert policy(thin, None) == []  # decided at a 5-point margin: before, no seed at all
+    assert policy(thin, "c06") == ["c06"]
+    assert policy(values, "c06") == []  # caught up: six seeds each
+
+
 def test_status_says_what_would_decide_a_budget_after_the_policy_spent_its_seeds() -> None:
     """The default study ends with 138k-203k undecided and its top configurations at the 6-seed cap: status's
     "more seeds would go to" was empty there (the advice was limited to the cap), while recommend said

@@ -250,7 +250,8 @@ def _queue_replicates(study: Study, ostudy: optuna.Study, seeds: list[int]) -> l
         taken.setdefault(arch(t), set()).add(study.seed_of(t))
     queued = []
     summary = study.reads.summary(ostudy, draws=None if study.spec.replicates.policy == "adaptive" else 0)
-    for key in wanted(summary, len(seeds), study.spec.replicates, budgets=study.budgets(), decision=study.spec.decision):
+    for key in wanted(summary, len(seeds), study.spec.replicates, budgets=study.budgets(), decision=study.spec.decision,
+                      baseline=study.space.baseline.key if study.space.baseline is not None else None):
         missing = [s for s in seeds if s not in taken.get(key, set())]
         for seed in missing[:1] if adaptive else missing:
             enqueue(study, ostudy, {"arch": key}, seed=seed, replicate=True)
