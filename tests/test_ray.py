@@ -213,8 +213,12 @@ def test_killed_worker_is_retried_from_its_checkpoint(cluster: Cluster, tmp_path
     path = write_study(tmp_path, n_trials=3, budget={"epochs": 4, "batch_size": 16, "lr": 0.003, "seed": 0}, executor=RAY)
     study = load_study_spec(path)
     killed: list[int] = []
-    threading.Thread(target=_kill_worker_after_epoch_2, args=(study, killed), daemon=True).start()
+    ended = threading.Event()
+    watcher = threading.Thread(target=_kill_worker_after_epoch_2, args=(study, killed, ended), daemon=True)
+    watcher.start()
     ostudy = run(path, "ray")
+    ended.set()
+    watcher.join()
     assert killed, "no trial reached its second epoch while running"
     done = ostudy.get_trials(states=(COMPLETE,))
     assert len(done) == 3 and len({t.params["arch"] for t in done}) == 3, [(t.number, t.state, t.user_attrs.get("fail_reason")) for t in ostudy.trials]  # nothing lost, nothing twice
@@ -269,10 +273,10 @@ def test_checkpoints_reach_ray_only_as_often_as_asked(cluster: Cluster, tmp_path
         assert len(saved) == min(expected, 2)  # Tune keeps the last 2
 
 
-def _kill_worker_after_epoch_2(study, killed: list[int]) -> None:
-    """SIGKILL the process of the first trial that reported its second epoch (its checkpoint holds epoch 1)."""
-    deadline = time.time() + 120
-    while time.time() < deadline and not killed:
+def _kill_worker_after_epoch_2(study, killed: list[int], ended: threading.Event) -> None:
+    """SIGKILL the process of the first trial that reported its second epoch (its checkpoint holds epoch 1),
+    watching until the run ends (a clock deadline failed this test in a CI run beside a benchmark)."""
+    while not ended.is_set() and not killed:
         for line in _result_lines(study):
             row = json.loads(line)
             if row.get("epoch") == 2 and row.get("training_iteration") == 2:
@@ -302,8 +306,7 @@ def _kill_driver_mid_study(path: Path, cluster: Cluster, storage: str) -> tuple[
     proc = subprocess.Popen([sys.executable, "-m", "explorer.cli", "run", str(path), "--executor", "ray", "--no-dashboard"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.time() + 150
-        while time.time() < deadline and proc.poll() is None:
+        while proc.poll() is None:  # the driver ends by itself: no clock deadline, which a loaded machine outruns
             time.sleep(0.1)
             try:
                 trials = optuna.load_study(study_name="tiny", storage=storage).trials
