@@ -82,11 +82,13 @@ def test_a_worker_killed_mid_trial_has_its_configuration_rerun_by_the_others(ser
     url = server.database()
     path = write_study(tmp_path, storage=url, budget=SLOW_BUDGET)
     first = worker(path)
-    await_trials(url, lambda ts: any(t.state == RUNNING and t.user_attrs.get("curve") for t in ts), [first])
-    before = {t.number: t.values for t in optuna.load_study(study_name="tiny", storage=url).trials if t.state == COMPLETE}
-    killed = next(t for t in optuna.load_study(study_name="tiny", storage=url).trials if t.state == RUNNING)
+    await_trials(url, lambda ts: any(t.state == RUNNING and 1 <= len(t.user_attrs.get("curve", [])) <= 3 for t in ts),
+                 [first])  # 3 of its 6 epochs still to go: it cannot end before the kill
     first.send_signal(signal.SIGKILL)  # mid-trial: its heartbeat stops, its trial stays RUNNING
     first.wait()
+    stored = optuna.load_study(study_name="tiny", storage=url).trials  # read after the kill: no trial can end in between
+    before = {t.number: t.values for t in stored if t.state == COMPLETE}
+    killed = next(t for t in stored if t.state == RUNNING)
     results = finish([worker(path), worker(path)])
     assert all(rc == 0 for rc, _ in results), [e[-800:] for _, e in results]
     trials = completed_once(url, 6)
