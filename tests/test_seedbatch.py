@@ -15,6 +15,7 @@ from typing import Any
 import optuna
 import pytest
 import torch
+from conftest import assert_within_rounding
 from torch import nn
 
 from explorer import seedbatch, steps, train
@@ -57,10 +58,10 @@ def alone_and_together(family: str, dims: dict, task: Task, budget: Budget, weig
     return alone, together, alone_weights, weights[-len(together):]
 
 
-def assert_same(a: TrialResult, b: TrialResult, wa: dict, wb: dict) -> None:
+def assert_same(a: TrialResult, b: TrialResult, wa: dict, wb: dict, examples: int | None = None) -> None:
+    """Within float32 rounding (vmapped matmuls sum in another order), an accuracy within one of `examples`."""
     assert b.steps == a.steps and b.params == a.params and b.seed_batch == len(SEEDS) and a.seed_batch == 1
-    assert b.curve == pytest.approx(a.curve, rel=1e-5)  # accuracies: the same eval images right
-    assert b.metrics == pytest.approx(a.metrics, rel=1e-5)
+    assert_within_rounding(a, b, 1e-5, examples)
     assert [k["kappa"] for k in b.kappa_init] == pytest.approx([k["kappa"] for k in a.kappa_init], rel=1e-4)
     assert [k["kappa"] for k in b.kappa_final] == pytest.approx([k["kappa"] for k in a.kappa_final], rel=1e-2)
     assert wb.keys() == wa.keys()
@@ -73,7 +74,7 @@ def test_image_encoder_seeds_together_end_where_each_ends_alone(final_weights: l
     budget = Budget(epochs=2, batch_size=100, lr=3e-3, grad_clip=0.05)  # 1437 images: a ragged batch of 37
     alone, together, wa, wb = alone_and_together("image-encoder", IMAGE, get_task("digits", {}), budget, final_weights)
     for a, b, x, y in zip(alone, together, wa, wb, strict=True):
-        assert_same(a, b, x, y)
+        assert_same(a, b, x, y, examples=360)
     assert len({r.metrics["train_loss"] for r in together}) == len(SEEDS)  # three different runs
 
 
@@ -82,7 +83,7 @@ def test_sequence_and_lm_seeds_together_end_where_each_ends_alone(final_weights:
     budget = Budget(epochs=2, batch_size=32, lr=3e-3, grad_clip=0.1)
     dims = dict(layers=1, heads=2, width=32, mlp=64, **listops.dims())  # padded keys masked in attention
     for a, b, x, y in zip(*alone_and_together("sequence-classifier", dims, listops, budget, final_weights), strict=True):
-        assert_same(a, b, x, y)
+        assert_same(a, b, x, y, examples=50)
     (tmp_path / "t.txt").write_text("".join(f"the cat {w} sat on mat {i % 7}. " for i, w in enumerate(["red", "old"] * 40)))
     text = get_task("text-file", {"path": str(tmp_path / "t.txt"), "seq_len": 16})
     dims = dict(layers=1, heads=2, width=32, mlp=64, **text.dims())
@@ -100,8 +101,12 @@ def test_graphed_group_matches_the_eager_group(monkeypatch: pytest.MonkeyPatch) 
     eager = run_seeds("image-encoder", IMAGE, task, budget, [0, 1], device="cpu")
     graphed = run_seeds("image-encoder", IMAGE, task, budget.model_copy(update={"compile": "cudagraphs"}), [0, 1], device="cpu")
     assert graphed[0].compile == "cudagraphs"
-    for g, e in zip(graphed, eager, strict=True):  # AdamW reads its rate from a tensor when graphed: float32, not a double
-        assert g.curve == e.curve and g.metrics == pytest.approx(e.metrics, rel=1e-6)
+    with monkeypatch.context() as patch:  # AdamW reads its rate from a float32 tensor when graphed
+        patch.setattr(seedbatch, "adamw", lambda *args, graphs=False: steps.adamw(*args, graphs=True))
+        same_optimizer = run_seeds("image-encoder", IMAGE, task, budget, [0, 1], device="cpu")
+    for g, s, e in zip(graphed, same_optimizer, eager, strict=True):
+        assert g.metrics == s.metrics and g.curve == s.curve  # the same operations in the same order: bit for bit
+        assert_within_rounding(e, g, 1e-5, 360)  # the eager group's float64 step sizes: within rounding
 
 
 class Poisoned(Digits):
@@ -136,7 +141,7 @@ def test_a_seed_that_fails_fails_as_alone_and_the_others_go_on() -> None:
         if isinstance(a, TrialFailed):
             assert str(b) == str(a)
         else:
-            assert b.metrics == pytest.approx(a.metrics, rel=1e-5)
+            assert_within_rounding(a, b, 1e-5, 360)
 
 
 def test_a_pruned_seed_stops_reporting_and_the_others_go_on() -> None:
