@@ -15,7 +15,11 @@ class Budget(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    epochs: int = Field(3, ge=1)
+    # one length, or a ladder of lengths (rungs): each (configuration, seed, length) is a trial of its own, and
+    # under `wsd` a run of one length gives every shorter rung's result too (explorer.schedule)
+    epochs: int | list[int] = 3
+    schedule: Literal["cosine", "wsd"] | None = None  # None: cosine for one length, wsd for a ladder
+    cooldown: float = Field(0.2, gt=0, lt=1)  # wsd: the share of a run's epochs that decays the rate to 0
     max_steps: int | None = Field(None, ge=1)
     time_limit_s: float | None = Field(None, gt=0)
     batch_size: int = Field(64, ge=1)
@@ -32,6 +36,44 @@ class Budget(BaseModel):
     # uses the same seed, so configurations are compared on the same data order (explorer.stats)
     seeds: int | list[int] | None = None
 
+    @field_validator("epochs")
+    @classmethod
+    def _epochs(cls, value: int | list[int]) -> int | list[int]:
+        lengths = value if isinstance(value, list) else [value]
+        if not lengths or min(lengths) < 1:
+            raise ValueError("lengths of at least one epoch")
+        if isinstance(value, list) and lengths != sorted(set(lengths)):
+            raise ValueError(f"a ladder of increasing lengths, e.g. [10, 20, 40], not {value}")
+        return value
+
+    @property
+    def ladder(self) -> list[int]:
+        """The lengths (in epochs) the study trains, shortest first."""
+        return list(self.epochs) if isinstance(self.epochs, list) else [self.epochs]
+
+    @property
+    def longest(self) -> int:
+        return self.ladder[-1]
+
+    @property
+    def lr_schedule(self) -> Literal["cosine", "wsd"]:
+        return self.schedule or ("wsd" if len(self.ladder) > 1 else "cosine")
+
+    def at(self, length: int) -> Budget:
+        """The budget of one run `length` epochs long: under wsd it evaluates each rung up to `length` too."""
+        if self.ladder == [length]:
+            return self
+        rungs = [r for r in self.ladder if r <= length] if self.lr_schedule == "wsd" else [length]
+        return self.model_copy(update={"epochs": rungs if len(rungs) > 1 else rungs[0], "schedule": self.lr_schedule})
+
+    def compute(self, length: int) -> int:
+        """Epochs a run of `length` trains: under wsd its length plus each shorter rung's cooldown branch."""
+        from explorer.schedule import cooldown_epochs
+
+        if self.lr_schedule != "wsd":
+            return length
+        return length + sum(cooldown_epochs(r, self.cooldown) for r in self.ladder if r < length)
+
     @field_validator("seeds")
     @classmethod
     def _seeds(cls, value: int | list[int] | None) -> int | list[int] | None:
@@ -43,10 +85,13 @@ class Budget(BaseModel):
 
     def identity(self) -> dict[str, Any]:
         """The fields that change what a trial measures (the study's identity): not the seeds, not how fast
-        it runs (SPEED_ONLY), and `tf32` only when on, so a study stored before it existed keeps its identity."""
-        fields = self.model_dump(mode="json", exclude={"seeds", *SPEED_ONLY})
+        it runs (SPEED_ONLY), and `tf32` and a wsd schedule only when on, so a study stored before they
+        existed keeps its identity."""
+        fields = self.model_dump(mode="json", exclude={"seeds", "schedule", "cooldown", *SPEED_ONLY})
         if not self.tf32:
             del fields["tf32"]
+        if self.lr_schedule == "wsd":  # cosine is what every study stored before schedules existed
+            fields.update(schedule="wsd", cooldown=self.cooldown)
         return fields
 
     @property

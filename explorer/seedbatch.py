@@ -48,8 +48,8 @@ from explorer.train import (
     build_model,
     default_device,
     first_batch,
-    warmup_cosine,
 )
+from explorer.schedule import warmup_cosine
 
 Outcome = TrialResult | BaseException  # per seed: its result, or why it has none (TrialFailed, a callback's error)
 RANDOM_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
@@ -76,6 +76,8 @@ def run_seeds(family: str, dims: dict[str, Any], task: Task, budget: Budget, see
     device = device or default_device()
     if budget.time_limit_s is not None:
         raise NotBatchable("a wall-clock limit (time_limit_s) makes a seed's steps depend on the group's speed")
+    if budget.lr_schedule != "cosine":
+        raise NotBatchable("a warmup-stable-decay run branches off its shorter rungs one seed at a time")
     group = _Group(family, dims, task, budget, list(seeds), device)
     try:
         return group.train(list(callbacks or [None] * len(seeds)))
@@ -114,7 +116,7 @@ class _Group:
         decay = {name: p.ndim >= 2 for name, p in self.models[0].named_parameters()}
         self.optimizer = adamw(((p, decay[name]) for name, p in self.params.items()), budget.lr,
                                budget.weight_decay, device, graphs=self.mode == "cudagraphs")
-        self.total = budget.epochs * len(self.orders[0])
+        self.total = budget.longest * len(self.orders[0])
         if budget.max_steps is not None:
             self.total = min(self.total, budget.max_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -161,7 +163,7 @@ class _Group:
         while not done:
             train_loss = self._epoch(step, epoch)
             epoch += 1
-            done = self.steps >= self.total or epoch >= budget.epochs
+            done = self.steps >= self.total or epoch >= budget.longest
             self.base.eval()
             per_seed = _evaluate(evaluate, self.eval, self.device, autocast(self.device, budget.bf16), self.is_lm, self.n)
             self.base.train()

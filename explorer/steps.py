@@ -160,9 +160,13 @@ class Graphed:
 
     def _live(self) -> list[torch.Tensor]:
         """The step's state: the caller's tensors, then AdamW's (created at its first step)."""
-        opt = [v for group in self.optimizer.param_groups for p in group["params"]
-               for v in self.optimizer.state.get(p, {}).values() if isinstance(v, torch.Tensor)]
-        return [*self.state(), *opt]
+        return [*self.state(), *optimizer_tensors(self.optimizer)]
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The optimizer's state tensors, in parameter order (none before its first step)."""
+    return [v for group in optimizer.param_groups for p in group["params"]
+            for v in optimizer.state.get(p, {}).values() if isinstance(v, torch.Tensor)]
 
 
 def _cuda_side_stream() -> contextlib.AbstractContextManager:

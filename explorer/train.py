@@ -1,9 +1,12 @@
 """One short training run of one configuration: the unit of work every executor runs.
 
-`run_trial` builds the family's model, trains it with AdamW (linear warmup, cosine decay) and
-cross-entropy for a small budget, evaluates after every epoch and hands the metrics to a callback,
-so that a pruner (Optuna) or a scheduler (Ray Tune) can stop it. It measures the attention blocks'
-condition numbers before and after training (`explorer.conditioning`).
+`run_trial` builds the family's model, trains it with AdamW (linear warmup, then cosine decay, or a
+warmup-stable-decay schedule for a ladder of lengths: explorer.schedule) and cross-entropy for a small
+budget, evaluates after every epoch and hands the metrics to a callback, so that a pruner (Optuna) or a
+scheduler (Ray Tune) can stop it. Under `wsd` each shorter rung of the budget's ladder branches off the
+run at its cooldown's start, decays, is evaluated (`TrialResult.rungs`) and is put back: the run goes
+on exactly as if the branch had not happened. It measures the attention blocks' condition numbers
+before and after training (`explorer.conditioning`).
 
 A NaN/inf loss raises `TrialFailed`: the trial fails, the study goes on. With a `checkpoint_dir`
 the run saves its whole state after an epoch (every epoch, or once `checkpoint_every_s` passed since
@@ -33,7 +36,9 @@ from explorer.conditioning import BlockKappa, attention_condition
 from explorer.errors import TrialFailed
 from explorer.faults import OutOfMemory
 from explorer.families import get_family
-from explorer.steps import Compile, Graphed, StepFn, Tally, adamw, autocast, compile_used, model_step, set_tf32
+from explorer.schedule import WSD, Rungs, warmup_cosine
+from explorer.steps import (Compile, Graphed, StepFn, Tally, adamw, autocast, compile_used, model_step, optimizer_tensors,
+                            set_tf32)
 from explorer.device_data import Batches
 from explorer.tasks import Loader, Task, TaskData
 
@@ -62,6 +67,7 @@ class TrialResult:
     seed_batch: int = 1  # how many seeds of its configuration trained with it as one model
     device_name: str = "CPU"  # torch.cuda.get_device_name on CUDA
     precision: str = "float32"  # what the forward ran in (`precision`)
+    rungs: dict[int, dict[str, float]] = field(default_factory=dict)  # a ladder's lengths: the metrics at each (wsd)
 
 
 def default_device() -> str:
@@ -144,16 +150,21 @@ def _run(
     probe = first_batch(data.eval)[:KAPPA_SAMPLES]
 
     steps_per_epoch = len(data.train)
-    total_steps = budget.epochs * steps_per_epoch
+    total_steps = budget.longest * steps_per_epoch
     if budget.max_steps is not None:
         total_steps = min(total_steps, budget.max_steps)
     mode = compile_used(budget.compile, device)
     set_tf32(budget.tf32)
     optimizer = adamw(((p, p.ndim >= 2) for p in model.parameters() if p.requires_grad), budget.lr,
                       budget.weight_decay, device, graphs=mode == "cudagraphs")
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, warmup_cosine(int(budget.warmup_frac * total_steps), total_steps)
-    )
+    rungs = None
+    if budget.lr_schedule == "wsd":  # the warmup of the shortest rung, the same at every length
+        wsd = WSD(max(1, int(budget.warmup_frac * budget.ladder[0] * steps_per_epoch)), steps_per_epoch, budget.cooldown,
+                  budget.longest)
+        rungs, factor = Rungs.of(budget.ladder, wsd), wsd
+    else:
+        factor = warmup_cosine(int(budget.warmup_frac * total_steps), total_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
     path = Path(checkpoint_dir) / CHECKPOINT if checkpoint_dir is not None else None
     parts, owner = checkpoints.Parts(model, optimizer, scheduler, data.train), {"family": family, "dims": dict(dims)}
@@ -169,7 +180,7 @@ def _run(
             checkpoints.save(path, owner, parts, vars(state), device)
             last_save = time.monotonic()
 
-    _fit(model, mode, data, optimizer, scheduler, budget, device, task, state, total_steps, callback, checkpoint)
+    _fit(model, mode, data, optimizer, scheduler, budget, device, task, state, total_steps, callback, checkpoint, rungs)
     return TrialResult(
         metric=state.metrics[task.metric],
         metrics=state.metrics,
@@ -184,6 +195,7 @@ def _run(
         tf32=budget.tf32,
         device_name=device_name(device),
         precision=precision(device, budget.bf16),
+        rungs={**state.rungs, **({state.epoch: state.metrics} if state.epoch == budget.longest else {})} if rungs else {},
     )
 
 
@@ -198,6 +210,7 @@ class _State:
     curve: list[float] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     train_time_s: float = 0.0
+    rungs: dict[int, dict[str, float]] = field(default_factory=dict)  # the shorter rungs' metrics, branched off
 
 
 def _fit(
@@ -213,8 +226,10 @@ def _fit(
     total_steps: int,
     callback: Callback | None,
     save: Callable[[], None],
+    rungs: Rungs | None = None,
 ) -> None:
-    """Epochs until a limit is reached: train, evaluate, checkpoint, report."""
+    """Epochs until a limit is reached: branch off any rung whose cooldown starts here, train, evaluate,
+    checkpoint, report."""
     is_lm = task.modality == "lm"
     forward: nn.Module = torch.compile(model, dynamic=False) if mode == "compile" else model  # type: ignore[assignment]  # a graph per batch shape
     tally = Tally.on(device)
@@ -223,6 +238,10 @@ def _fit(
         step = Graphed(step, lambda: [*model.parameters(), *tally.tensors()], optimizer)
     while not state.done:
         started = time.perf_counter()
+        for rung in rungs.branches_at(state.epoch) if rungs is not None else []:
+            if rung not in state.rungs:
+                state.rungs[rung] = _branch(model, forward, step, tally, optimizer, scheduler, data, budget, device,
+                                            is_lm, rungs.wsd, state, rung, total_steps)
         _set_epoch(data.train, state.epoch)
         model.train()
         train_loss, steps, stopped = _train_epoch(step, tally, data.train, scheduler, budget, device, state, total_steps)
@@ -230,7 +249,7 @@ def _fit(
         metrics = _evaluate(forward, data.eval, device, autocast(device, budget.bf16), is_lm)
         metrics["train_loss"] = train_loss
         state.epoch += 1
-        state.done = stopped or state.epoch >= budget.epochs
+        state.done = stopped or state.epoch >= budget.longest
         state.metrics = metrics
         state.curve.append(metrics[task.metric])
         state.train_time_s += time.perf_counter() - started
@@ -239,6 +258,51 @@ def _fit(
         save()  # before reporting: the checkpoint a report carries (Ray's) holds this epoch
         if callback is not None:
             callback(state.epoch - 1, metrics)
+
+
+def _branch(model: nn.Module, forward: nn.Module, step: StepFn, tally: Tally, optimizer: torch.optim.Optimizer,
+            scheduler: torch.optim.lr_scheduler.LRScheduler, data: TaskData, budget: Budget, device: str, is_lm: bool,
+            wsd: WSD, state: _State, rung: int, total_steps: int) -> dict[str, float]:
+    """The metrics of the `rung`-epoch run: from here (its cooldown's start) decay towards `rung` on the
+    epochs that run would train, evaluate, then put every tensor, the schedule and the RNG back (in place:
+    a CUDA graph keeps its buffers; optimizer state the branch created is zeroed, AdamW's fresh state),
+    so the main run goes on exactly as if the branch had not happened."""
+    kept = _live(model, optimizer, tally)
+    saved = [t.detach().clone() for t in kept]
+    rates = [g["lr"].clone() if isinstance(g["lr"], torch.Tensor) else g["lr"] for g in optimizer.param_groups]
+    last, rng = scheduler.last_epoch, torch.get_rng_state()
+    wsd.target = rung
+    branch = _State(kappa_init=[], epoch=state.epoch, step=state.step, train_time_s=state.train_time_s)
+    metrics: dict[str, float] = {}
+    try:
+        while branch.epoch < rung and branch.step < total_steps:
+            _set_epoch(data.train, branch.epoch)
+            model.train()
+            train_loss, steps, _ = _train_epoch(step, tally, data.train, scheduler, budget, device, branch, total_steps)
+            branch.step += steps
+            branch.epoch += 1
+            metrics = {**_evaluate(forward, data.eval, device, autocast(device, budget.bf16), is_lm), "train_loss": train_loss}
+    finally:
+        wsd.target = budget.longest
+        with torch.no_grad():
+            now = _live(model, optimizer, tally)
+            for t, value in zip(now, saved, strict=False):  # the tensors that existed come first
+                t.copy_(value)
+            for created in now[len(saved):]:
+                created.zero_()
+        for group, rate in zip(optimizer.param_groups, rates, strict=True):
+            if isinstance(rate, torch.Tensor):
+                group["lr"].copy_(rate)
+            else:
+                group["lr"] = rate
+        scheduler.last_epoch, scheduler._last_lr = last, [float(r) for r in rates]  # noqa: SLF001 - no public setter
+        torch.set_rng_state(rng)
+    return metrics
+
+
+def _live(model: nn.Module, optimizer: torch.optim.Optimizer, tally: Tally) -> list[torch.Tensor]:
+    """What a training step changes: the model, the tally, then AdamW's state (created at its first step)."""
+    return [*model.parameters(), *model.buffers(), *tally.tensors(), *optimizer_tensors(optimizer)]
 
 
 def _train_epoch(
@@ -306,18 +370,6 @@ def _evaluate(
     if is_lm:
         return {"eval_loss": eval_loss, "perplexity": math.exp(min(eval_loss, 700.0))}
     return {"accuracy": correct.item() / max(count, 1), "eval_loss": eval_loss}
-
-
-def warmup_cosine(warmup: int, total: int) -> Callable[[int], float]:
-    """LR factor: linear from 1/warmup to 1 over `warmup` steps, then cosine down to 0 at `total`."""
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = (step - warmup) / max(total - warmup, 1)
-        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-
-    return factor
 
 
 def first_batch(loader: Loader) -> torch.Tensor:
