@@ -18,6 +18,11 @@ Seeds by value of information (`next_seeds`): each seed goes where it most shrin
 above delta at the study's budgets, budgets that hold the same configurations counted once. What a
 seed would do is imagined on the draws (explorer.posterior.Posterior.imagine): the posterior's spread
 after it, its mean held. It reads the posterior and nothing above it.
+
+With several lengths the questions are at the target length (`decision.epochs`, default the longest)
+and a run may be bought at any length of the ladder: a new seed of a configuration at a short length,
+or a longer run of a contender. Each is judged by how much it shrinks the bounds at the target length
+per second of training (the posterior's `cost`, from the trials' own train times).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from explorer.errors import ExplorerError
-from explorer.posterior import LEVEL, Posterior, Regret, subset
+from explorer.posterior import LEVEL, Posterior, Regret, at_length, row_key, split_row, subset
 from explorer.units import format_count, parse_count
 
 _BELOW = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*%\s*-?\s*below\s*-?\s*baseline\s*$", re.IGNORECASE)
@@ -74,6 +79,7 @@ class DecisionSpec(BaseModel):
     budgets: list[str] | None = None  # "250k", "baseline", "10%-below-baseline"; None: DEFAULT_BUDGETS log-spaced over the space
     level: float = Field(LEVEL, gt=0.5, lt=1)
     max_seeds: int | None = Field(None, ge=2)  # the `decide` replicate policy's cap per configuration; None: budget.seeds
+    epochs: int | None = Field(None, ge=1)  # the length the answers are for; None: the longest of budget.epochs
 
     def margin(self, higher_is_better: bool, best: float) -> float:
         """`delta`, or its documented default for the metric's direction."""
@@ -142,9 +148,10 @@ class Answer:
     delta: float
     level: float
     verdict: Verdict | None = None
-    advice: dict[str, int] = field(default_factory=dict)  # undecided: more seeds per configuration that would decide it
+    advice: dict[str, int] = field(default_factory=dict)  # undecided: more seeds per configuration (or row) that would decide it
     advice_reached: bool = True  # False: even ADVICE_CAP more seeds would not (advice is then where they would go)
     noise_dof: float = float("inf")  # degrees of freedom of the run noise estimate the bound rests on
+    measured: bool = True  # some configuration within the budget has a run at the answer's length
 
     @property
     def pick(self) -> str:
@@ -156,8 +163,8 @@ class Answer:
 
     @property
     def decided(self) -> bool:
-        """eps <= delta, on a noise estimate of at least MIN_NOISE_DOF degrees of freedom."""
-        return bool(np.isfinite(self.eps) and self.eps <= self.delta and self.noise_dof >= MIN_NOISE_DOF)
+        """eps <= delta, on a noise estimate of at least MIN_NOISE_DOF degrees of freedom, with runs at its length."""
+        return bool(np.isfinite(self.eps) and self.eps <= self.delta and self.noise_dof >= MIN_NOISE_DOF and self.measured)
 
     def words(self, unit: float = 100.0, what: str = "points") -> list[str]:
         """The answer's lines: the bound and whether it decides, the verdict, what would decide it."""
@@ -166,6 +173,8 @@ class Answer:
             out = [f"use {self.pick} (the best mean): no bound yet, one seed per configuration; undecided"]
         else:
             state = ("decided" if self.decided else f"undecided (margin {margin})" if self.eps > self.delta else
+                     "undecided: no run within the budget reached this length yet (predicted from shorter runs)"
+                     if not self.measured else
                      f"undecided: the run noise rests on {self.noise_dof:g} degrees of freedom of replicates, "
                      f"{MIN_NOISE_DOF} needed (more seeds of any configurations)")
             out = [f"use {self.pick}: within {unit * self.eps:.2g} {what} of the best configuration within the budget "
@@ -173,12 +182,19 @@ class Answer:
         if self.verdict is not None:
             out.append(self.verdict.words(self.pick, self.delta, unit, what))
         if not self.decided and self.advice:
-            seeds = ", ".join(f"{k} ({n})" for k, n in self.advice.items())
+            seeds = ", ".join(f"{shown(k)} ({n})" for k, n in self.advice.items())
             total = sum(self.advice.values())
-            head = (f"about {total} more seeds would decide it" if self.advice_reached
-                    else f"more than {total} more seeds would be needed; the first would go")
+            what = "runs" if any(split_row(k)[1] is not None for k in self.advice) else "seeds"
+            head = (f"about {total} more {what} would decide it" if self.advice_reached
+                    else f"more than {total} more {what} would be needed; the first would go")
             out.append(f"{head}: {seeds}")
         return out
+
+
+def shown(row: str) -> str:
+    """A configuration, or a (configuration, length) row in words."""
+    key, epochs = split_row(row)
+    return key if epochs is None else f"{key} at {epochs} epochs"
 
 
 def within(posterior: Posterior, budget: int) -> tuple[str, ...]:
@@ -187,19 +203,26 @@ def within(posterior: Posterior, budget: int) -> tuple[str, ...]:
 
 
 def answer(posterior: Posterior, budget: int, baseline: str | None, delta: float, level: float = LEVEL,
-           room: Mapping[str, int] | None = None, advise: bool = True) -> Answer:
+           room: Mapping[str, int] | None = None, advise: bool = True, full: Posterior | None = None,
+           epochs: int | None = None) -> Answer:
     """The answer at `budget`; undecided, which configurations and how many seeds would decide it
-    (`room`: seeds each may still get; none: no limit; `advise`: False leaves that out)."""
+    (`room`: seeds each may still get; none: no limit; `advise`: False leaves that out). With several
+    lengths `posterior` is `full` read at `epochs`, and the advice names runs of any length of `full`."""
     keys = within(posterior, budget)
     if not keys:
         raise ExplorerError(f"no configuration within {format_count(budget)} parameters", field="budget")
     regret = posterior.regret(keys, level)
     dof = posterior.noise.dof if posterior.noise is not None else 0.0
-    said = Answer(budget, regret, delta, level, verdict(posterior, regret.pick, baseline, delta, level), noise_dof=dof)
+    measured = bool(any(posterior.n[posterior.index[k]] > 0 for k in keys))
+    said = Answer(budget, regret, delta, level, verdict(posterior, regret.pick, baseline, delta, level), noise_dof=dof,
+                  measured=measured)
     if said.decided or not advise:
         return said
-    advice, reached = seeds_to_decide(posterior, keys, delta, level, room)
-    return Answer(budget, regret, delta, level, said.verdict, advice, reached, dof)
+    if full is not None and epochs is not None and full is not posterior:
+        advice, reached = seeds_to_decide(full, [row_key(k, epochs) for k in keys], delta, level, room, ladder=_ladder(full))
+    else:
+        advice, reached = seeds_to_decide(posterior, keys, delta, level, room)
+    return Answer(budget, regret, delta, level, said.verdict, advice, reached, dof, measured)
 
 
 def distinct(posterior: Posterior, budgets: Sequence[int]) -> dict[tuple[str, ...], list[int]]:
@@ -223,18 +246,24 @@ def _contenders(posterior: Posterior, keys: Sequence[str], latent: np.ndarray) -
 
 
 def _greedy(posterior: Posterior, sets: Sequence[tuple[str, ...]], delta: float, level: float,
-            room: Mapping[str, int], steps: int, repeat: bool) -> tuple[dict[str, int], bool]:
+            room: Mapping[str, int], steps: int, repeat: bool, ladder: Sequence[int] = ()) -> tuple[dict[str, int], bool]:
     """Seeds one at a time where the summed excess of the bounds over delta shrinks most, imagining each
     (one per configuration unless `repeat`); (seeds per configuration, whether every bound reached delta).
     A seed is judged by the questions whose contenders it is among (its effect on the others, through
-    the surface, is second order and left out)."""
+    the surface, is second order and left out). With a `ladder` the questions hold rows at one length and
+    a contender's run may be bought at any length of it, judged by the shrinkage per second (`cost`)."""
     found = [_contenders(posterior, s, posterior.latent_draws) for s in sets]
     share: dict[str, float] = {}
     for keys, shares in found:
         for k, v in zip(keys, shares):
             share[k] = share.get(k, 0.0) + v
     sets = [tuple(dict.fromkeys(keys + (posterior.regret(s, level).pick,))) for (keys, _), s in zip(found, sets)]
-    posterior = subset(posterior, list(dict.fromkeys(k for s in sets for k in s)))
+
+    def runs(k: str) -> list[str]:  # the rows a run of k's configuration can be bought at
+        return [row_key(split_row(k)[0], e) for e in ladder if row_key(split_row(k)[0], e) in posterior.index] or [k]
+
+    price = dict(zip(posterior.keys, posterior.cost)) if ladder and posterior.cost is not None else {}
+    posterior = subset(posterior, list(dict.fromkeys([*(k for s in sets for k in s), *(o for s in sets for k in s for o in runs(k))])))
     latent, cov = posterior.latent_draws, posterior.latent_cov
     rng = np.random.default_rng(posterior.seed + 7)
     chosen: dict[str, int] = {}
@@ -247,16 +276,19 @@ def _greedy(posterior: Posterior, sets: Sequence[tuple[str, ...]], delta: float,
     for _ in range(steps):
         if sum(now) <= 0:
             return chosen, True
-        options = {k for i, s in enumerate(sets) if now[i] > 0 for k in s if left.get(k, 0) > 0 and (repeat or k not in chosen)}
-        options = set(sorted(options, key=lambda k: -share.get(k, 0.0))[:OPTIONS])
-        best, best_gain, best_state, best_after = None, 0.0, None, now
+        open_ = {k for i, s in enumerate(sets) if now[i] > 0 for k in s}
+        by_share = sorted(open_, key=lambda k: (-share.get(k, 0.0), k))  # the OPTIONS contenders most often the best
+        buyable = [k for k in by_share if any(left.get(o, 0) > 0 and (repeat or o not in chosen) for o in runs(k))]
+        options = sorted(o for k in buyable[:OPTIONS] for o in runs(k) if left.get(o, 0) > 0 and (repeat or o not in chosen))
+        best, best_value, best_state, best_after = None, 0.0, None, now
         step = int(rng.integers(1 << 31))  # one draw of the imagined seed's noise for every option: their gains compare
-        for key in sorted(options):
+        for key in options:
             state = posterior.imagine({key: 1}, latent, cov, np.random.default_rng(step))
-            after = [excess(i, state[0]) if key in s and now[i] > 0 else now[i] for i, s in enumerate(sets)]
-            gain = sum(now) - sum(after)
-            if gain > best_gain + 1e-12:
-                best, best_gain, best_state, best_after = key, gain, state, after
+            mine = set(runs(key))
+            after = [excess(i, state[0]) if mine & set(s) and now[i] > 0 else now[i] for i, s in enumerate(sets)]
+            value = (sum(now) - sum(after)) / price.get(key, 1.0)
+            if value > best_value + 1e-12:
+                best, best_value, best_state, best_after = key, value, state, after
         if best is None or best_state is None:
             break
         latent, cov = best_state
@@ -266,25 +298,43 @@ def _greedy(posterior: Posterior, sets: Sequence[tuple[str, ...]], delta: float,
     return chosen, sum(now) <= 0
 
 
+def _ladder(posterior: Posterior) -> list[int]:
+    return sorted({e for e in (split_row(k)[1] for k in posterior.keys) if e is not None})
+
+
 def seeds_to_decide(posterior: Posterior, keys: Sequence[str], delta: float, level: float = LEVEL,
-                    room: Mapping[str, int] | None = None, cap: int = ADVICE_CAP) -> tuple[dict[str, int], bool]:
+                    room: Mapping[str, int] | None = None, cap: int = ADVICE_CAP,
+                    ladder: Sequence[int] = ()) -> tuple[dict[str, int], bool]:
     """Which measured configurations of `keys`, and how many more seeds each, would bring the bound to
-    `delta` (imagined, greedily); (advice, reached) with `reached` False past `cap` seeds."""
+    `delta` (imagined, greedily; with a `ladder`, runs of `keys`' configurations at any of its lengths,
+    those measured at some length); (advice, reached) with `reached` False past `cap` seeds."""
     if not posterior.has_intervals:
         top = sorted((k for k in keys if k in posterior.index), key=lambda k: -posterior.sign() * posterior.raw[posterior.index[k]])
         return {k: 1 for k in top[:2]}, False
-    measured = {k: (room or {}).get(k, cap) for k in keys if posterior.n[posterior.index[k]] > 0}
-    return _greedy(posterior, [tuple(keys)], delta, level, measured, cap, repeat=True)
+    if ladder:
+        known = {split_row(k)[0] for k, n in zip(posterior.keys, posterior.n) if n > 0}
+        rows = [row_key(split_row(k)[0], e) for k in keys if split_row(k)[0] in known for e in ladder]
+        measured = {r: (room or {}).get(r, cap) for r in rows if r in posterior.index}
+    else:
+        measured = {k: (room or {}).get(k, cap) for k in keys if posterior.n[posterior.index[k]] > 0}
+    return _greedy(posterior, [tuple(keys)], delta, level, measured, cap, repeat=True, ladder=ladder)
 
 
 def next_seeds(posterior: Posterior, budgets: Sequence[int], delta: float, level: float, room: Mapping[str, int],
-               batch: int | None = None, baseline: str | None = None) -> list[str]:
+               batch: int | None = None, baseline: str | None = None, epochs: int | None = None) -> list[str]:
     """The measured configurations that get one more seed now (the `decide` replicate policy): a round
     of one seed each where it most shrinks the undecided bounds, as many as there are undecided questions
     (at least 2); `room[key]` is how many more seeds a configuration may get. While the noise estimate
     rests on fewer than MIN_NOISE_DOF degrees of freedom (none at first), the best means of each question
     get the next seed instead, enough of them to reach it. The `baseline` gets a seed in every round while
-    a verdict claims something against it for a pick with more seeds than it has (`_claim_outruns`)."""
+    a verdict claims something against it for a pick with more seeds than it has (`_claim_outruns`).
+
+    With several lengths `posterior` is the whole one, `epochs` the target length, `room` per row, and
+    what it returns are rows (a configuration at a length): the first seeds go to the shortest length,
+    a first run at the target to each question's best means, then runs by value per second."""
+    ladder = _ladder(posterior) if epochs is not None else []
+    if ladder:
+        return _next_runs(posterior, budgets, delta, level, room, batch, baseline, epochs, ladder)
     questions = list(distinct(posterior, budgets))
     dof = posterior.noise.dof if posterior.noise is not None else 0.0
     if dof < MIN_NOISE_DOF:  # too little replication to trust the noise: more seeds of each question's best means
@@ -306,6 +356,42 @@ def next_seeds(posterior: Posterior, budgets: Sequence[int], delta: float, level
     if baseline is not None and room.get(baseline, 0) > 0 and _claim_outruns(posterior, [r.pick for r in regrets], baseline,
                                                                               delta, level):
         chosen.setdefault(baseline, 1)
+    return list(chosen)
+
+
+def _next_runs(full: Posterior, budgets: Sequence[int], delta: float, level: float, room: Mapping[str, int],
+               batch: int | None, baseline: str | None, epochs: int, ladder: Sequence[int]) -> list[str]:
+    """`next_seeds` for several lengths: rows, judged at `epochs` per second of training."""
+    view = at_length(full, epochs)
+    if not len(view.keys):  # no surface yet, nothing run at the target: rank by the shortest length's runs
+        view = at_length(full, ladder[0])
+    questions = list(distinct(view, budgets))
+    dof = full.noise.dof if full.noise is not None else 0.0
+    measured = {split_row(k)[0] for k, n in zip(full.keys, full.n) if n > 0}
+    if dof < MIN_NOISE_DOF:  # the cheapest runs first: the best means of each question at the shortest length
+        out: dict[str, None] = {}
+        for depth in range(1, 1 + max(map(len, questions))):
+            for keys in questions:
+                top = sorted((k for k in keys if k in measured and room.get(row_key(k, ladder[0]), 0) > 0),
+                             key=lambda k: -view.sign() * view.mean[view.index[k]])
+                out.update(dict.fromkeys(row_key(k, ladder[0]) for k in top[:depth]))
+            if len(out) >= max(2, MIN_NOISE_DOF - dof):
+                break
+        return list(out)
+    regrets = [view.regret(q, level) for q in questions]
+    unreached = [q for q in questions if not any(view.n[view.index[k]] > 0 for k in q)]
+    if unreached:  # no run at the target yet: each question's best means get one (its length effect is unknown)
+        top = {k: None for q in unreached for k in sorted((k for k in q if k in measured and room.get(row_key(k, epochs), 0) > 0),
+                                                           key=lambda k: -view.sign() * view.mean[view.index[k]])[:2]}
+        return [row_key(k, epochs) for k in top]
+    undecided = [tuple(row_key(k, epochs) for k in q) for q, r in zip(questions, regrets) if r.eps > delta]
+    chosen: dict[str, int] = {}
+    if undecided:
+        options = {row_key(k, e): room.get(row_key(k, e), 0) for k in measured for e in ladder}
+        chosen, _ = _greedy(full, undecided, delta, level, options, batch or max(2, len(undecided)), repeat=False, ladder=ladder)
+    target = row_key(baseline, epochs) if baseline is not None else None
+    if target is not None and room.get(target, 0) > 0 and _claim_outruns(view, [r.pick for r in regrets], baseline, delta, level):
+        chosen.setdefault(target, 1)
     return list(chosen)
 
 
@@ -335,5 +421,5 @@ def table(answers: Sequence[tuple[list[int], Answer]], posterior: Posterior, met
                      f"ε ({what})": f"{unit * a.eps:.2g}" if np.isfinite(a.eps) else "",
                      "decided": "yes" if a.decided else "no",
                      "vs baseline": a.verdict.kind if a.verdict is not None else "",
-                     "more seeds would go to": "" if a.decided else ", ".join(f"{k} ({n})" for k, n in a.advice.items())})
+                     "more seeds would go to": "" if a.decided else ", ".join(f"{shown(k)} ({n})" for k, n in a.advice.items())})
     return pd.DataFrame(rows)

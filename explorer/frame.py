@@ -19,6 +19,7 @@ AFTER_METRIC = (
     "datetime_complete",
     "curve",
     "config",
+    "rungs",
 )
 
 
@@ -41,7 +42,8 @@ def trials_frame(study: optuna.Study, duplicates: bool = False) -> pd.DataFrame:
     recommendations, dashboards) counts distinct measurements.
 
     `curve` is the per-epoch metric: the trial's intermediate values by step, else its `curve`
-    user attr (a study without a pruner may store only that).
+    user attr (a study without a pruner may store only that). `rungs` is a trial of a ladder's metric
+    at each length it measured ({epochs: metric}; empty otherwise).
 
     Missing values (a failed trial has no accuracy) are NaN/None, so every trial of the storage
     has a row and a failed one still shows its `fail_reason`.
@@ -62,6 +64,7 @@ def trials_frame(study: optuna.Study, duplicates: bool = False) -> pd.DataFrame:
             datetime_complete=trial.datetime_complete,
             curve=list(attrs.get("curve") or [trial.intermediate_values[s] for s in sorted(trial.intermediate_values)]),
             config=dict(attrs.get("config") or {}),
+            rungs={int(e): v for e, v in (attrs.get("rungs") or {}).items()},
         )
         row.update((k, v) for k, v in attrs.items() if k not in row and _scalar(v))
         rows.append(row)

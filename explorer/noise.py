@@ -19,6 +19,13 @@ residuals of different configurations at the same seed (0.8 points of accuracy o
 digits-wide). The variances above are of a whole run (`seed_var` included); the posterior
 (explorer.posterior) takes `seed_var` back out of the differences of configurations that share seeds.
 
+A study that trains several lengths measures a configuration at each (a group per configuration and
+length, `config_of` saying which groups are one configuration), and one run gives several of them (a
+warmup-stable-decay run's cooldown branches, explorer.schedule): a lucky seed is lucky at every
+length. `length_corr` is the correlation of a run's own noise between two lengths of one configuration,
+pooled over every pair of such groups that share seeds; `seed_var` is then read off different
+configurations only.
+
 The bottom floor of the statistics: it imports no other explorer module.
 """
 
@@ -98,6 +105,7 @@ class NoiseModel:
     seed_var: float  # the part of a run's variance shared by every configuration at that seed
     replicated: int  # configurations with two seeds or more it was fitted on
     dof: float  # their residual degrees of freedom, summed
+    length_corr: float = 0.0  # a run's own noise, between two lengths of one configuration (several lengths only)
 
     def prior_var(self, level: np.ndarray | float) -> np.ndarray:
         """s0²: the trend's variance of one run at a latent level."""
@@ -129,9 +137,10 @@ class NoiseModel:
     def describe(self) -> str:
         shape = "constant" if self.slope == 0 else f"log-linear in the level (slope {self.slope:+.2f})"
         d0 = "infinite" if self.prior_dof >= MAX_PRIOR_DOF else f"{self.prior_dof:.1f}"
+        lengths = f"; one run's noise across lengths: correlation {self.length_corr:.2f}" if self.length_corr else ""
         return (f"run noise on the {self.scale.name} scale: variance {shape}, fitted on {self.replicated} replicated "
                 f"configurations ({self.dof:g} degrees of freedom), each moderated towards it with {d0} prior degrees "
-                f"of freedom; shared per seed: sd {math.sqrt(self.seed_var):.3g}")
+                f"of freedom; shared per seed: sd {math.sqrt(self.seed_var):.3g}{lengths}")
 
 
 def _trigamma_inverse(x: float) -> float:
@@ -150,11 +159,13 @@ def _trigamma_inverse(x: float) -> float:
     return y
 
 
-def seed_variance(latent: Mapping[str, Mapping[int, float]]) -> float:
+def seed_variance(latent: Mapping[str, Mapping[int, float]], config_of: Mapping[str, str] | None = None) -> float:
     """The variance shared by every configuration at one seed, by the method of moments: for two
     configurations c != d at seed s, E[r_cs r_ds] = seed_var (1 - 1/n_c - 1/n_d + |S_c & S_d| / (n_c n_d)),
-    r being a run's residual from its configuration's mean. 0 where it cannot be told (or is negative)."""
-    groups = [g for g in latent.values() if len(g) >= 2]
+    r being a run's residual from its configuration's mean (pairs of groups that are one configuration,
+    `config_of`, are left out). 0 where it cannot be told (or is negative)."""
+    names = [k for k, g in latent.items() if len(g) >= 2]
+    groups = [latent[k] for k in names]
     if len(groups) < 2:
         return 0.0
     seeds = sorted({s for g in groups for s in g})
@@ -170,12 +181,43 @@ def seed_variance(latent: Mapping[str, Mapping[int, float]]) -> float:
     overlap = w @ w.T
     coef = 1 - 1 / n[:, None] - 1 / n[None, :] + overlap / np.outer(n, n)
     np.fill_diagonal(overlap, 0.0)
+    if config_of is not None:  # the products of one configuration's groups carry its own run noise too: out
+        config = np.array([config_of.get(k, k) for k in names])
+        same = config[:, None] == config[None, :]
+        np.fill_diagonal(same, False)
+        rr = np.einsum("is,js->ij", r, r)
+        cross -= float(np.sum(rr[same]))
+        overlap = np.where(same, 0.0, overlap)
     weight = float(np.sum(overlap * coef))
     return max(0.0, cross / weight) if weight > 0 else 0.0
 
 
-def fit_noise(groups: Mapping[str, Mapping[int, float]], higher_is_better: bool, scale: Scale | None = None) -> NoiseModel | None:
-    """The noise model of `groups` ({configuration: {seed: metric}}); None without two degrees of
+def length_correlation(latent: Mapping[str, Mapping[int, float]], config_of: Mapping[str, str]) -> float:
+    """The correlation of a run's noise between two lengths of one configuration: over every pair of
+    its groups with two or more seeds in common, the residuals from each group's mean over those seeds,
+    pooled (sum of products over the root of the sums of squares), inside [0, 0.99]."""
+    by_config: dict[str, list[str]] = {}
+    for key, group in latent.items():
+        if len(group) >= 2:
+            by_config.setdefault(config_of.get(key, key), []).append(key)
+    xy = xx = yy = 0.0
+    for keys in by_config.values():
+        for i, a in enumerate(keys):
+            for b in keys[i + 1:]:
+                shared = sorted(set(latent[a]) & set(latent[b]))
+                if len(shared) < 2:
+                    continue
+                u = np.array([latent[a][s] for s in shared])
+                v = np.array([latent[b][s] for s in shared])
+                u, v = u - u.mean(), v - v.mean()
+                xy, xx, yy = xy + float(u @ v), xx + float(u @ u), yy + float(v @ v)
+    return float(np.clip(xy / math.sqrt(xx * yy), 0.0, 0.99)) if xx > 0 and yy > 0 else 0.0
+
+
+def fit_noise(groups: Mapping[str, Mapping[int, float]], higher_is_better: bool, scale: Scale | None = None,
+              config_of: Mapping[str, str] | None = None) -> NoiseModel | None:
+    """The noise model of `groups` ({configuration: {seed: metric}}, or {(configuration, length) group:
+    {seed: metric}} with `config_of` naming each group's configuration); None without two degrees of
     freedom of replicates (no configuration has a second seed: there is no noise estimate yet)."""
     scale = scale or scale_for([v for g in groups.values() for v in g.values()], higher_is_better)
     latent = {k: dict(zip(g, scale.latent(list(g.values())))) for k, g in groups.items() if len(g)}
@@ -186,12 +228,13 @@ def fit_noise(groups: Mapping[str, Mapping[int, float]], higher_is_better: bool,
     level = np.array([v.mean() for v in many.values()])
     var = np.array([v.var(ddof=1) for v in many.values()])
     centre = float(np.mean([np.mean(list(g.values())) for g in latent.values()]))
-    seed_var = seed_variance(latent)
+    seed_var = seed_variance(latent, config_of)
+    corr = length_correlation(latent, config_of) if config_of is not None else 0.0
     keep = var > 0  # equal values (a collapsed run, or accuracy's steps of 1/360) say little about the log variance
     if keep.sum() < 2:
         pooled = float(np.sum(dof * var) / dof.sum()) or 1e-6
         return NoiseModel(scale, centre, math.log(pooled), 0.0, float(dof.sum()), min(seed_var, pooled / 2),
-                          len(many), float(dof.sum()))
+                          len(many), float(dof.sum()), corr)
     d, z, x = dof[keep], np.log(var[keep]), level[keep] - centre
     z = z - (special.digamma(d / 2) - np.log(d / 2))  # E[log chi²_d / d] taken out
     weight = 1 / special.polygamma(1, d / 2)  # 1 / var(log chi²_d / d)
@@ -210,4 +253,4 @@ def fit_noise(groups: Mapping[str, Mapping[int, float]], higher_is_better: bool,
     d0 = float(np.clip(min(d0, d.sum()), MIN_PRIOR_DOF, MAX_PRIOR_DOF))  # a prior is worth no more than the runs it came from
     intercept += float(special.digamma(d0 / 2) - np.log(d0 / 2)) if d0 < MAX_PRIOR_DOF else 0.0  # the prior's log mean -> s0²
     typical = math.exp(intercept)
-    return NoiseModel(scale, centre, intercept, slope, d0, min(seed_var, typical / 2), len(many), float(dof.sum()))
+    return NoiseModel(scale, centre, intercept, slope, d0, min(seed_var, typical / 2), len(many), float(dof.sum()), corr)

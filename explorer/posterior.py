@@ -42,6 +42,17 @@ CHECK_P = 0.01
 LIMIT = 1.0  # a noisy configuration's deviation variance, at least this many times its mean's noise variance
 TAU_RANGE = 2.0  # the prior on a configuration's deviation from the surface: uniform up to this many run sds
 Z = float(special.ndtri(0.975))
+AT = "@"  # a row key: a configuration's key, AT, the length in epochs
+
+
+def row_key(key: str, epochs: int) -> str:
+    return f"{key}{AT}{int(epochs)}"
+
+
+def split_row(row: str) -> tuple[str, int | None]:
+    """(configuration key, epochs) of a row key; (key, None) for a study of one length."""
+    key, at, epochs = row.rpartition(AT)
+    return (key, int(epochs)) if at else (row, None)
 
 
 @dataclass(frozen=True)
@@ -92,6 +103,7 @@ class Posterior:
     seed: int = 0
     size: int = DRAWS
     level_dof: float = float("inf")  # degrees of freedom of the noise level every configuration shares
+    cost: np.ndarray | None = None  # seconds a run of each row takes (the seed policy's price), where known
     _cache: dict = field(default_factory=dict, repr=False)
 
     def __deepcopy__(self, memo: dict) -> Posterior:
@@ -163,6 +175,10 @@ class Posterior:
     def sign(self) -> float:
         return 1.0 if self.higher_is_better else -1.0
 
+    def priced(self, cost: np.ndarray) -> Posterior:
+        """The same posterior with each row's cost, in seconds a run (the seed policy's price)."""
+        return _replace(self, cost=cost)
+
     def regret(self, keys: Sequence[str], level: float = LEVEL, latent: np.ndarray | None = None) -> Regret:
         """The pick among `keys` (those this posterior knows) that minimises the `level` quantile of its
         regret, max over the set minus its own true mean (ties: the smaller expected regret, then fewer
@@ -214,18 +230,42 @@ def subset(p: Posterior, keys: Sequence[str]) -> Posterior:
     return out
 
 
+def lengths(p: Posterior) -> list[int]:
+    """The lengths a posterior of several lengths holds rows at (none for one length)."""
+    return sorted({e for e in (split_row(k)[1] for k in p.keys) if e is not None})
+
+
+def at_length(p: Posterior, epochs: int | None) -> Posterior:
+    """The posterior of every configuration at `epochs`, keyed by configuration (the same draws); `p`
+    itself for a study of one length."""
+    if epochs is None or not lengths(p):
+        return p
+    rows = [k for k in p.keys if split_row(k)[1] == epochs]
+    out = subset(p, rows)
+    out = _replace(out, keys=tuple(split_row(k)[0] for k in rows), cost=None if p.cost is None else p.cost[[p.index[k] for k in rows]])
+    out._cache["latent"] = p.latent_draws[:, [p.index[k] for k in rows]]
+    out._cache["level"] = p.level_draws
+    return out
+
+
 def _groups_latent(groups: Mapping[str, Mapping[int, float]], scale: Scale) -> dict[str, dict[int, float]]:
     return {k: dict(zip(g, scale.latent(list(g.values())))) for k, g in groups.items()}
 
 
-def _noise_cov(keys: Sequence[str], latent: Mapping[str, Mapping[int, float]], var: np.ndarray, seed_var: float) -> np.ndarray:
+def _noise_cov(keys: Sequence[str], latent: Mapping[str, Mapping[int, float]], var: np.ndarray, seed_var: float,
+               config: np.ndarray | None = None, corr: float = 0.0) -> np.ndarray:
     """Covariance of the measured means: each run's variance over n, and the shared seeds' part between
-    configurations: seed_var x |S_c & S_d| / (n_c n_d)."""
+    configurations: seed_var x |S_c & S_d| / (n_c n_d); between two lengths of one configuration (same
+    `config`) also the run's own noise at the seeds they share, `corr` x its sd at each."""
     seeds = sorted({s for k in keys for s in latent[k]})
     w = np.array([[1.0 if s in latent[k] else 0.0 for s in seeds] for k in keys]).reshape(len(keys), len(seeds))
     n = w.sum(axis=1)
+    own = np.maximum(var, seed_var * 1.01) - seed_var
     shared = seed_var * (w @ w.T) / np.outer(n, n)
-    return shared + np.diag((np.maximum(var, seed_var * 1.01) - seed_var) / n)
+    if config is not None and corr > 0:
+        same = (config[:, None] == config[None, :]) & ~np.eye(len(keys), dtype=bool)
+        shared = shared + np.where(same, corr * np.sqrt(np.outer(own, own)) * (w @ w.T) / np.outer(n, n), 0.0)
+    return shared + np.diag(own / n)
 
 
 def _floor(noise: NoiseModel, level: np.ndarray, run_var: np.ndarray, cov_noise: np.ndarray) -> np.ndarray:
@@ -250,7 +290,8 @@ def fit(groups: Mapping[str, Mapping[int, float]], params: Mapping[str, int], hi
     measured = [k for k in params if len(groups.get(k, {}))]
     values = [v for k in measured for v in groups[k].values()]
     scale = scale_for(values, higher_is_better)
-    noise = fit_noise({k: groups[k] for k in measured}, higher_is_better, scale)
+    config_of = {k: split_row(k)[0] for k in params} if any(AT in k for k in params) else None
+    noise = fit_noise({k: groups[k] for k in measured}, higher_is_better, scale, config_of)
     latent = _groups_latent({k: groups[k] for k in measured}, scale)
     ybar = np.array([np.mean(list(latent[k].values())) for k in measured])
     n = np.array([len(latent[k]) for k in measured], float)
@@ -266,19 +307,19 @@ def fit(groups: Mapping[str, Mapping[int, float]], params: Mapping[str, int], hi
     free = noise.outlier(ybar, n, own)  # unstable: its own mean and variance, not pulled onto the surface
     shared_dof = float(noise.dof)  # the noise level is common to all: its uncertainty is in `level_draws`
     obs_var = run_var * np.maximum(_widen(dof) / _widen(np.array([shared_dof]))[0], 1.0)  # beyond it, a configuration's own
-    cov_noise = _noise_cov(measured, latent, obs_var, noise.seed_var)
+    config = None if config_of is None else np.array([config_of[k] for k in measured])
+    cov_noise = _noise_cov(measured, latent, obs_var, noise.seed_var, config, noise.length_corr)
     flat = Posterior(tuple(measured), np.array([params[k] for k in measured]), n, raw, model="per-configuration",
                      note=None, latent_mean=ybar, latent_cov=cov_noise, run_var=np.where(free, run_var, noise.prior_var(ybar)), obs_var=obs_var, **common)
     if dims is None or len(measured) < MIN_SMOOTH:
         why = f"{len(measured)} measured configurations (a smooth surface needs {MIN_SMOOTH})" if dims is not None else None
         return _replace(flat, note=f"per-configuration intervals: {why}" if why else None)
     keys = measured + [k for k in params if k not in groups or not len(groups[k])]
-    x, _ = gp.features([dict(dims[k]) for k in keys])
-    seen = np.arange(len(measured))
-    hyper, constant = gp.fit(x[seen], ybar, cov_noise, warm)
+    rows = _rows(keys, dims, config_of, seen := np.arange(len(measured)), params)
+    hyper, prior = gp.fit(rows.take(seen), ybar, cov_noise, warm)
     tau_max = max(TAU_RANGE * float(np.sqrt(noise.prior_var(noise.centre))), 2 * hyper.tau)
     floor = _floor(noise, ybar, run_var, cov_noise)
-    mean, cov, taus, weights = gp.mixed(hyper, constant, x, seen, ybar, cov_noise, tau_max, free, floor)
+    mean, cov, taus, weights = gp.mixed(hyper, prior, rows, seen, ybar, cov_noise, tau_max, free, floor)
     unmeasured = len(keys) - len(measured)
     level = mean[len(measured):]
     run_all = noise.prior_var(mean)
@@ -292,7 +333,8 @@ def fit(groups: Mapping[str, Mapping[int, float]], params: Mapping[str, int], hi
     tau = float(np.sqrt(np.sum(weights * taus**2)))  # the check holds the deviation at its posterior root mean square
     typical = gp.Hyper(hyper.sf, hyper.ell, tau)
     extra = gp.deviations(typical, ybar, cov_noise, free, floor)
-    result = held_out(typical, constant, x[seen], latent, measured, run_var, obs_var, noise.seed_var, extra)
+    result = held_out(typical, prior, rows.take(seen), latent, measured, run_var, obs_var, noise.seed_var, extra,
+                      config, noise.length_corr)
     smooth = _replace(smooth, check=result)
     if result.passed:
         return smooth
@@ -301,27 +343,52 @@ def fit(groups: Mapping[str, Mapping[int, float]], params: Mapping[str, int], hi
         f"per configuration {result.inside_flat}): per-configuration intervals"))
 
 
+def _rows(keys: Sequence[str], dims: Mapping[str, Mapping[str, float]], config_of: Mapping[str, str] | None,
+          seen: np.ndarray, params: Mapping[str, int]) -> gp.Rows:
+    """The surface's rows: features (log epochs among them when lengths vary), configurations, the mean's
+    basis, log epochs centred on the measured rows' (none for one length), and how far each row lies past
+    the data (log parameters, log epochs)."""
+    x, names = gp.features([dict(dims[k]) for k in keys])
+    size = np.log([max(float(params[k]), 1.0) for k in keys])
+    if config_of is None or "epochs" not in names:
+        return gp.Rows.of(x, reach=size, seen=seen)
+    config = np.unique([config_of[k] for k in keys], return_inverse=True)[1]
+    log_epochs = x[:, names.index("epochs")]
+    return gp.Rows.of(x, config, log_epochs - log_epochs[seen].mean(), np.column_stack([size, log_epochs]), seen)
+
+
 def _replace(p: Posterior, **changes: object) -> Posterior:
     fields = {f: getattr(p, f) for f in p.__dataclass_fields__ if f != "_cache"}
     return Posterior(**{**fields, **changes})
 
 
-def held_out(hyper: gp.Hyper, constant: float, x: np.ndarray, latent: Mapping[str, Mapping[int, float]],
-             keys: Sequence[str], run_var: np.ndarray, obs_var: np.ndarray, seed_var: float, extra: np.ndarray) -> Check:
-    """Hold out each replicated configuration's k-th seed (fold k), predict it from the rest under the
-    smooth model and under the per-configuration one, and count those inside their 95% intervals."""
+def held_out(hyper: gp.Hyper, prior: gp.Mean, rows: gp.Rows, latent: Mapping[str, Mapping[int, float]],
+             keys: Sequence[str], run_var: np.ndarray, obs_var: np.ndarray, seed_var: float, extra: np.ndarray,
+             config: np.ndarray | None = None, corr: float = 0.0) -> Check:
+    """Hold out each replicated configuration's k-th seed (fold k; with several lengths, fold s holds out
+    seed s at every length, so no other length of a held-out run stays), predict it from the rest under
+    the smooth model and under the per-configuration one, and count those inside their 95% intervals."""
     runs = [list(latent[k].items()) for k in keys]
+    folds = sorted({s for r in runs for s, _ in r}) if config is not None else range(max(len(r) for r in runs))
     inside = inside_flat = total = 0
-    for fold in range(max(len(r) for r in runs)):
-        held = [i for i, r in enumerate(runs) if len(r) >= 2 and fold < len(r)]
+    for fold in folds:
+        at = [next((j for j, (s, _) in enumerate(r) if s == fold), None) if config is not None else
+              (fold if fold < len(r) else None) for r in runs]
+        held = [i for i, r in enumerate(runs) if len(r) >= 2 and at[i] is not None]
         if not held:
             continue
-        kept = {k: dict(r[:fold] + r[fold + 1:]) if i in held else dict(r) for i, (k, r) in enumerate(zip(keys, runs))}
-        ybar = np.array([np.mean(list(kept[k].values())) for k in keys])
-        noise = _noise_cov(keys, kept, obs_var, seed_var)
-        mean, cov = gp.posterior(hyper, constant, x, np.arange(len(keys)), ybar, noise, extra)
-        y = np.array([runs[i][fold][1] for i in held])
-        for m, v, counter in ((mean[held], np.diag(cov)[held], "smooth"), (ybar[held], np.diag(noise)[held], "flat")):
+        out = held if config is None else [i for i in range(len(runs)) if at[i] is not None]  # seed s everywhere
+        kept = {k: dict(r[:at[i]] + r[at[i] + 1:]) if i in out else dict(r) for i, (k, r) in enumerate(zip(keys, runs))}
+        seen = np.array([i for i, k in enumerate(keys) if kept[k]])  # a row whose one run is held out is predicted
+        names = [keys[i] for i in seen]
+        ybar = np.array([np.mean(list(kept[k].values())) for k in names])
+        noise = _noise_cov(names, kept, obs_var[seen], seed_var, None if config is None else config[seen], corr)
+        mean, cov = gp.posterior(hyper, prior, rows, seen, ybar, noise, extra)
+        flat_mean = np.full(len(keys), np.nan)
+        flat_var = np.full(len(keys), np.nan)
+        flat_mean[seen], flat_var[seen] = ybar, np.diag(noise)
+        y = np.array([runs[i][at[i]][1] for i in held])
+        for m, v, counter in ((mean[held], np.diag(cov)[held], "smooth"), (flat_mean[held], flat_var[held], "flat")):
             z = np.abs(y - m) / np.sqrt(v + run_var[held])
             if counter == "smooth":
                 inside += int(np.sum(z <= Z))

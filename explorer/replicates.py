@@ -56,7 +56,8 @@ def wanted(summary: pd.DataFrame, max_seeds: int, spec: ReplicateSpec, budgets: 
         return list(summary.loc[room, "arch"])
     post: Posterior = summary.attrs["posterior"]
     if spec.policy == "decide":
-        return wanted_keys(post, max_seeds, budgets, decision or DecisionSpec(), baseline)
+        return wanted_keys(post, max_seeds, budgets, decision or DecisionSpec(), baseline,
+                           summary.attrs.get("full"), summary.attrs.get("epochs"))
     if summary["front_prob"].isna().all():  # no replicate yet: no noise estimate
         return list(summary.loc[room & summary["on_front"] & (len(summary) > 1), "arch"])
     sure = summary["front_prob"] >= spec.confidence
@@ -65,14 +66,19 @@ def wanted(summary: pd.DataFrame, max_seeds: int, spec: ReplicateSpec, budgets: 
 
 
 def wanted_keys(post: Posterior, max_seeds: int, budgets: Sequence[int], decision: DecisionSpec,
-                baseline: str | None = None) -> list[str]:
-    """The `decide` policy on a posterior: the configurations that get one more seed now."""
+                baseline: str | None = None, full: Posterior | None = None, epochs: int | None = None) -> list[str]:
+    """The `decide` policy on a posterior: the configurations that get one more seed now; with several
+    lengths (`full`, read at `epochs`), the rows (a configuration at a length) that get one more run."""
     cap = min(max_seeds, decision.max_seeds or max_seeds)
     measured = post.n > 0
     room = {k: int(cap - n) for k, n, m in zip(post.keys, post.n, measured) if m}
-    best = float(np.nanmax(post.sign() * post.mean[measured])) * post.sign()
+    best = float(np.nanmax(post.sign() * post.mean[measured])) * post.sign() if measured.any() else \
+        float(np.nanmax(post.sign() * post.mean)) * post.sign()
     delta = decision.margin(post.higher_is_better, best)
     at = budgets or decision.budget_list([int(p) for p in post.params])
+    if full is not None and epochs is not None and full is not post:
+        rows = {k: int(cap - n) for k, n in zip(full.keys, full.n)}
+        return next_seeds(full, at, delta, decision.level, rows, baseline=baseline, epochs=epochs)
     return next_seeds(post, at, delta, decision.level, room, baseline=baseline)
 
 

@@ -13,18 +13,25 @@ sd (`se`), the probability of being on the Pareto front (its share of the draws 
 the front of posterior means (`on_front`), and for a configuration off that front the front member
 dominating it that the posterior cannot tell from it (`tied_with`). With one seed per configuration
 there is no noise estimate: `mean` is the run, and the interval columns and `front_prob` are NaN.
+
+A study that trains several lengths (`budget.epochs: [10, 20, 40]`) is summarised at one of them
+(`epochs`: the length the answer is for): a trial of a warmup-stable-decay ladder gives one measurement
+per rung it reached (`rungs`), the posterior holds every (configuration, length) row, the space's
+unmeasured ones and each rung of `lengths` predicted, and the table reads it at `epochs`: a
+configuration measured only at shorter lengths has n = 0 there and a predicted mean. The whole
+posterior is in `attrs["full"]`, with each row's cost in seconds (the seed policy's price).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from explorer.pareto import pareto_mask
-from explorer.posterior import LEVEL, Posterior, fit, front_share
+from explorer.posterior import LEVEL, Posterior, at_length, fit, front_share, row_key, split_row
 
 FRONT_DRAWS = 2000
 DIMS = ("layers", "heads", "width", "mlp")
@@ -32,13 +39,21 @@ Candidate = tuple[str, dict[str, Any], int]  # (config key, complete dims, exact
 
 
 def measured_groups(frame: pd.DataFrame, metric: str, first_seed: int = 0) -> pd.DataFrame:
-    """The completed measurements of a `trials_frame`, one per configuration and seed (a trial stored
-    before seeds existed trained with the study's first seed: it reads as `first_seed`)."""
+    """The completed measurements of a `trials_frame`, one per configuration, seed and length (a trial stored
+    before seeds existed trained with the study's first seed: it reads as `first_seed`; a trial of a
+    ladder gives a row per rung it reached, `rungs`, its metric and `epochs` that rung's)."""
     done = frame[frame["state"] == "COMPLETE"].dropna(subset=[metric])
     if "duplicate_of" in done:
         done = done[done["duplicate_of"].isna()]
     seed_of = done["seed"] if "seed" in done else pd.Series(first_seed, index=done.index)
-    return done.assign(seed=seed_of.fillna(first_seed).astype(int)).drop_duplicates(["arch", "seed"])
+    done = done.assign(seed=seed_of.fillna(first_seed).astype(int))
+    if "rungs" in done and done["rungs"].map(bool).any():
+        done = done.assign(rung=done["rungs"].map(lambda r: sorted(r.items()) if r else [(None, None)])).explode("rung")
+        at = done["rung"].map(lambda r: r[0])
+        done = done.assign(epochs=at.where(at.notna(), done.get("epochs")).astype(float),
+                           **{metric: done["rung"].map(lambda r: r[1]).where(at.notna(), done[metric]).astype(float)})
+    subset = ["arch", "seed", "epochs"] if "epochs" in done else ["arch", "seed"]
+    return done.drop_duplicates(subset)
 
 
 def _dims(row: pd.Series) -> dict[str, Any]:
@@ -50,13 +65,16 @@ def _dims(row: pd.Series) -> dict[str, Any]:
 
 
 def summarize(frame: pd.DataFrame, metric: str, objectives: Sequence[tuple[str, str]], level: float = LEVEL,
-              draws: int = FRONT_DRAWS, seed: int = 0, first_seed: int = 0, candidates: Sequence[Candidate] = ()) -> pd.DataFrame:
+              draws: int = FRONT_DRAWS, seed: int = 0, first_seed: int = 0, candidates: Sequence[Candidate] = (),
+              epochs: int | None = None, lengths: Sequence[int] = (), compute: Mapping[int, float] | None = None) -> pd.DataFrame:
     """One row per measured configuration of a `trials_frame`, and the posterior in `attrs["posterior"]`.
 
     Columns: arch, the dimensions, params (and any other objective, averaged), n, seeds, values (by seed),
     raw, mean (also under the metric's name), std (of the runs), se, lo, hi, on_front, front_prob (NaN
     with `draws=0`, for callers that do not need it), tied_with. `candidates` (the space's feasible
-    configurations) are in the posterior too, predicted where unmeasured.
+    configurations) are in the posterior too, predicted where unmeasured. With runs at several lengths:
+    read at `epochs` (default the longest of `lengths` and those measured), every rung of `lengths` in
+    the posterior, and `compute[L]` the epochs a run of length L trains (its price).
     """
     done = measured_groups(frame, metric, first_seed)
     if not len(done):
@@ -64,18 +82,38 @@ def summarize(frame: pd.DataFrame, metric: str, objectives: Sequence[tuple[str, 
         return empty
     directions = dict(objectives)
     higher = directions.get(metric, "maximize") == "maximize"
-    groups = {key: dict(zip(g["seed"].astype(int), g[metric].astype(float))) for key, g in done.groupby("arch", sort=False)}
     firsts = done.groupby("arch", sort=False).first()
-    params = {**{k: int(p) for k, _, p in candidates}, **{k: int(firsts.loc[k, "params"]) for k in groups}}
-    dims = {**{k: dict(d) for k, d, _ in candidates}, **{k: _dims(firsts.loc[k]) for k in groups}}
-    post = fit(groups, params, higher, dims, seed=seed, size=draws or FRONT_DRAWS)
+    params = {**{k: int(p) for k, _, p in candidates}, **{k: int(firsts.loc[k, "params"]) for k in firsts.index}}
+    dims = {**{k: dict(d) for k, d, _ in candidates}, **{k: _dims(firsts.loc[k]) for k in firsts.index}}
+    measured_lengths = sorted({int(e) for e in done["epochs"].dropna()}) if "epochs" in done else []
+    ladder = sorted({*lengths, *measured_lengths, *([epochs] if epochs else [])})
+    if len(ladder) < 2 or not measured_lengths:
+        groups = {key: dict(zip(g["seed"].astype(int), g[metric].astype(float))) for key, g in done.groupby("arch", sort=False)}
+        post = full = fit(groups, params, higher, dims, seed=seed, size=draws or FRONT_DRAWS)
+        at, target = done, None
+    else:
+        target = epochs or ladder[-1]
+        groups = {row_key(k, e): dict(zip(g["seed"].astype(int), g[metric].astype(float)))
+                  for (k, e), g in done.dropna(subset=["epochs"]).groupby(["arch", "epochs"], sort=False)}
+        rows = {row_key(k, e): k for k in params for e in ladder}
+        row_params, row_dims = {r: params[k] for r, k in rows.items()}, {r: {**dims[k], "epochs": split_row(r)[1]} for r, k in rows.items()}
+        full = fit(groups, row_params, higher, row_dims, seed=seed, size=draws or FRONT_DRAWS)
+        full = _priced(full, frame, compute or {})
+        post = at_length(full, target)
+        if len(post.keys) < len(firsts):  # no surface yet to predict a length a configuration did not run at:
+            target = max(measured_lengths, key=lambda e: (len(at_length(full, e).keys), e))  # the best-covered length
+            post = at_length(full, target)
+        groups = {k: groups.get(row_key(k, target), {}) for k in firsts.index if k in post.index}
+        at = done[done["epochs"] == target]
     mean, (lo, hi), sd = post.mean, post.interval(level), post.sd()
     rows = []
-    for key, g in done.groupby("arch", sort=False):
-        first, values = firsts.loc[key], groups[key]
-        i = post.index[key]
+    for key, first in firsts.iterrows():
+        if key not in groups:
+            continue
+        values, i = groups[key], post.index[key]
+        own = at[at["arch"] == key] if len(at[at["arch"] == key]) else done[done["arch"] == key]
         rows.append({"arch": key, **{d: first[d] for d in DIMS if d in first.index},
-                     **{name: g[name].astype(float).mean() for name in directions if name != metric},
+                     **{name: own[name].astype(float).mean() for name in directions if name != metric},
                      "params": int(first["params"]), "n": len(values), "seeds": sorted(values),
                      "values": [values[s] for s in sorted(values)], "raw": float(post.raw[i]),
                      "mean": float(mean[i]), metric: float(mean[i]),
@@ -87,8 +125,26 @@ def summarize(frame: pd.DataFrame, metric: str, objectives: Sequence[tuple[str, 
     cols = [post.index[k] for k in table["arch"]]
     table["front_prob"] = _front_probability(table, post, cols, metric, objectives) if post.has_intervals and draws else np.nan
     table["tied_with"] = _ties(table, post, metric, objectives, level)
-    table.attrs["posterior"] = post
+    table.attrs["posterior"], table.attrs["full"] = post, full
+    table.attrs["epochs"] = target
     return table.sort_values(["params", "arch"], ignore_index=True)
+
+
+def _priced(full: Posterior, frame: pd.DataFrame, compute: Mapping[int, float]) -> Posterior:
+    """`full` with each row's cost, a run of it in seconds, from the trials' own train times: seconds per
+    epoch trained (`compute[L]` epochs for a run of length L), per configuration; a configuration not
+    timed yet at the timed ones' median seconds per epoch and parameter."""
+    timed = frame[frame["state"].eq("COMPLETE")].dropna(subset=["train_time_s", "epochs"]) \
+        if {"train_time_s", "epochs"} <= set(frame.columns) else frame.iloc[:0]
+    trained = timed["epochs"].map(lambda e: compute.get(int(e), float(e)))
+    per_epoch = (timed["train_time_s"].astype(float) / trained).groupby(timed["arch"]).median()
+    params = {split_row(k)[0]: p for k, p in zip(full.keys, full.params)}
+    per_param = np.median([v / params[k] for k, v in per_epoch.items() if k in params]) if len(per_epoch) else 1e-6
+    cost = []
+    for key, p in zip(full.keys, full.params):
+        config, length = split_row(key)
+        cost.append(float(per_epoch.get(config, per_param * p)) * compute.get(int(length), float(length)))
+    return full.priced(np.array(cost))
 
 
 def _front_probability(table: pd.DataFrame, post: Posterior, cols: list[int], metric: str,

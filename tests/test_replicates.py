@@ -156,7 +156,7 @@ def test_adaptive_replicates_recover_the_true_front_where_one_seed_does_not(tmp_
     noise_sd, reps = 0.015, 20
     rep = {"i": 0}
 
-    def synthetic(self, cfg, lineage, on_epoch=None, device=None, checkpoint_dir=None, seed=None, shared=False):
+    def synthetic(self, cfg, lineage, on_epoch=None, device=None, checkpoint_dir=None, seed=None, shared=False, epochs=None):
         rng = np.random.default_rng([rep["i"], seed, cfg.dims["layers"], cfg.dims["heads"]])
         value = true_accuracy(cfg.dims) + noise_sd * rng.standard_normal()
         return {"config": cfg.dims, "layers": cfg.dims["layers"], "heads": cfg.dims["heads"], "params": cfg.params,
@@ -237,7 +237,7 @@ def synthetic_evaluate(pause: float):
     """Study.evaluate replaced by the known surface plus seeded noise, taking `pause` seconds."""
     import time
 
-    def evaluate(self, cfg, lineage, on_epoch=None, device=None, checkpoint_dir=None, seed=None, shared=False):
+    def evaluate(self, cfg, lineage, on_epoch=None, device=None, checkpoint_dir=None, seed=None, shared=False, epochs=None):
         time.sleep(pause)
         value = true_accuracy(cfg.dims) + 0.01 * np.random.default_rng([seed, cfg.dims["layers"], cfg.dims["heads"]]).standard_normal()
         return {"config": cfg.dims, "layers": cfg.dims["layers"], "heads": cfg.dims["heads"], "params": cfg.params,

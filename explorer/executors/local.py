@@ -135,7 +135,8 @@ class _Worker:
                              if group else None)
                     if attrs is None:
                         attrs = study.evaluator.evaluate(cfg, study.lineage(stored), self.reporter(trial), lease.device,
-                                                         seed=study.seed_of(trial), shared=lambda: lease.shared)
+                                                         seed=study.seed_of(trial), shared=lambda: lease.shared,
+                                                         epochs=study.length_of(trial))
         except Fault as err:  # not a measurement: queued again (past executor.max_failures it fails by itself)
             study.evaluator.fault(ostudy, trial, err)
             frozen = _tell(ostudy, trial, state=_FAIL)

@@ -181,7 +181,7 @@ class OptunaBridge(Searcher):
         self.curves[number] = []
         frozen = storage_of(ostudy).get_trial(self.link.open_trials[number])
         return {"arch": key, "optuna_number": number, "lineage": study.lineage(frozen),  # a retry resumes its checkpoint
-                "seed": study.seed_of(trial), "alone": bool(frozen.user_attrs.get("alone"))}  # alone: a GPU of its own
+                "seed": study.seed_of(trial), "epochs": study.length_of(trial), "alone": bool(frozen.user_attrs.get("alone"))}  # alone: a GPU of its own
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         number = self.ray_ids.get(trial_id)

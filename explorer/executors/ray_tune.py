@@ -252,7 +252,8 @@ def train_trial(config: dict[str, Any], link: _Link) -> None:
 
     try:
         attrs = study.evaluator.evaluate(cfg, lineage, on_epoch, trial_device(ray.get_gpu_ids()), checkpoint_dir=folder,
-                                         seed=config.get("seed"), shared=shared and not config.get("alone"))
+                                         seed=config.get("seed"), shared=shared and not config.get("alone"),
+                                         epochs=config.get("epochs"))
     except TrialFailed as err:  # a result, not a Ray error: Ray would retry it max_failures times
         tune.report({"fail_reason": str(err), "node": node, metric: math.nan})
         return

@@ -44,7 +44,8 @@ def claim(study: Study, ostudy: optuna.Study, trial: optuna.Trial, cfg: Config, 
     candidates: dict[int, optuna.trial.FrozenTrial] = {}
     for t in current_trials(ostudy, states=(_WAITING,)):
         seed = study.seed_of(t)
-        if arch(t) == cfg.key and seed != own and seed not in candidates and not _resumes(study, ostudy, t.number, cfg):
+        if (arch(t) == cfg.key and seed != own and seed not in candidates and study.length_of(t) == study.length_of(trial)
+                and not _resumes(study, ostudy, t.number, cfg)):
             candidates[seed] = t
     if not candidates or not worth_batching(cfg.family, cfg.dims, study.task, study.spec.budget, 1 + len(candidates),
                                             device or default_device()):
@@ -71,7 +72,7 @@ def train_together(study: Study, ostudy: optuna.Study, trial: optuna.Trial, cfg:
     seeds = [study.seed_of(t) for t in trials]
     try:
         with _beating(ostudy, claimed):
-            outcomes = study.evaluator.evaluate_seeds(cfg, seeds, [on_epoch(t) for t in trials], device)
+            outcomes = study.evaluator.evaluate_seeds(cfg, seeds, [on_epoch(t) for t in trials], device, study.length_of(trial))
     except NotBatchable:
         for t in claimed:
             _end(study, ostudy, t, _alone(study, ostudy, t, cfg, on_epoch, device), ended)
@@ -96,7 +97,8 @@ def _alone(study: Study, ostudy: optuna.Study, trial: optuna.Trial, cfg: Config,
     with beating(ostudy, trial):
         try:
             lineage = study.lineage(ostudy.get_trials(deepcopy=False)[trial.number])
-            return study.evaluator.evaluate(cfg, lineage, on_epoch(trial), device, seed=study.seed_of(trial))
+            return study.evaluator.evaluate(cfg, lineage, on_epoch(trial), device, seed=study.seed_of(trial),
+                                            epochs=study.length_of(trial))
         except (TrialFailed, optuna.TrialPruned, TrialReclaimed) as err:
             return err
 

@@ -50,12 +50,17 @@ class Evaluator:
         trial.set_user_attr("identity", study.identity_key)  # the question this trial answers (explorer.identity)
         if self.execution is not None:
             trial.set_user_attr(CLASS, self.execution)
+        if len(study.spec.budget.ladder) > 1 and "epochs" not in trial.user_attrs:
+            trial.set_user_attr("epochs", study.entry_epochs)  # its length: a new configuration enters at this one
         with self._sampling:  # Optuna samples lazily, at the first suggest: the whole proposal is stored inside the lock
             return study.encoding(trial.study if not hasattr(study, "_encoding") else None).suggest(trial)
 
     def attrs(self, cfg: Config, result: TrialResult, seed: int) -> dict[str, Any]:
-        """What a finished trial stores besides its objective values."""
+        """What a finished trial stores besides its objective values (a trial of a ladder: its length,
+        `epochs`, and the task metric at each rung it measured, `rungs`)."""
         dims = cfg.dims
+        ladder = {"epochs": max(result.rungs), "rungs": {str(e): m[self.study.task.metric] for e, m in result.rungs.items()}} \
+            if result.rungs else {}
         return {
             "config": dims,
             **{k: dims[k] for k in ("layers", "heads", "width", "mlp") if k in dims},
@@ -74,13 +79,14 @@ class Evaluator:
             "precision": result.precision,
             "torch": torch.__version__,
             CLASS: execution_class(result.device, result.precision),
+            **ladder,
         }
 
     def evaluate(self, cfg: Config, lineage: int, on_epoch: Callable[[int, dict[str, float]], None] | None = None,
                  device: str | None = None, checkpoint_dir: Path | None = None, seed: int | None = None,
-                 shared: bool | Callable[[], bool] = False) -> dict[str, Any]:
-        """Train `cfg` at `seed` (default: the first) as trial `lineage` (resuming its own checkpoint if a
-        killed run left one) and return its attributes.
+                 shared: bool | Callable[[], bool] = False, epochs: int | None = None) -> dict[str, Any]:
+        """Train `cfg` at `seed` (default: the first) for `epochs` (default: the entry length) as trial
+        `lineage` (resuming its own checkpoint if a killed run left one) and return its attributes.
 
         A failure of the configuration (NaN loss, an error in the model, running past `trial_timeout_s`,
         out of memory alone on its device) becomes `TrialFailed(reason)`, so the study goes on; a fault
@@ -94,7 +100,7 @@ class Evaluator:
         """
         study = self.study
         seed = study.seeds[0] if seed is None else seed
-        budget = study.spec.budget.model_copy(update={"seed": seed})
+        budget = study.spec.budget.at(epochs or study.entry_epochs).model_copy(update={"seed": seed})
         owner = {"study": study.spec.name, "trial": lineage, "config": cfg.key, "budget": budget.model_dump(mode="json", exclude={"seeds"})}
         # another run's checkpoint is not resumed
         ckpt = checkpoints.claim(checkpoint_dir or study.checkpoint_dir(cfg, lineage), owner)
@@ -119,7 +125,7 @@ class Evaluator:
         return {**self.attrs(cfg, result, seed), "curve": result.curve, "trial_time_s": time.perf_counter() - start}
 
     def evaluate_seeds(self, cfg: Config, seeds: list[int], on_epochs: list[Callable[[int, dict[str, float]], None] | None],
-                       device: str | None = None) -> list[dict[str, Any] | Exception]:
+                       device: str | None = None, epochs: int | None = None) -> list[dict[str, Any] | Exception]:
         """Train `cfg` at each of `seeds` as one model (explorer.seedbatch): per seed, `evaluate`'s attributes,
         or the TrialFailed / TrialPruned that ends that seed alone.
 
@@ -132,7 +138,8 @@ class Evaluator:
         limit = None if study.spec.trial_timeout_s is None else study.spec.trial_timeout_s * len(seeds)
         try:
             with time_limit(limit):
-                outcomes = run_seeds(cfg.family, cfg.dims, study.task, study.spec.budget, seeds, on_epochs, device)
+                outcomes = run_seeds(cfg.family, cfg.dims, study.task, study.spec.budget.at(epochs or study.entry_epochs),
+                                     seeds, on_epochs, device)
         except (NotBatchable, ExplorerError, TrialFailed):  # TrialFailed: the time limit, which ends every seed
             raise
         except Exception as err:
@@ -169,7 +176,7 @@ class Evaluator:
         peers, the frame, recommendation, dashboard) skips it by its `duplicate_of` attr. Both
         executors answer duplicates here.
         """
-        seen = self.study.reads.completed(ostudy).get((cfg.key, self.study.seed_of(trial)))
+        seen = self.study.reads.completed(ostudy).get((cfg.key, self.study.seed_of(trial), self.study.length_of(trial)))
         if seen is None:
             return None
         trial.set_user_attr("config", cfg.dims)
@@ -191,6 +198,6 @@ class Evaluator:
         attrs = trials[number].user_attrs
         if attrs.get("replicate") or attrs.get("verify"):
             return False
-        key = current_key(ostudy)
-        current = [t for t in trials if is_current(t, key)]
+        key, length = current_key(ostudy), study.length_of(trials[number])
+        current = [t for t in trials if is_current(t, key) and study.length_of(t) == length]  # curves of one length
         return study.pruner.should_prune(epoch, value, cfg.params, peers(current, number), cfg.key)

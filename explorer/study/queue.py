@@ -22,6 +22,7 @@ from explorer import checkpoints
 from explorer.frame import trials_frame
 from explorer.identity import current_rows, current_trials
 from explorer.optuna_compat import storage_of, trial_storage_id
+from explorer.posterior import split_row
 from explorer.pruning import come_back
 from explorer.replicates import wanted
 from explorer.study.read import counts, is_measured, runs_regardless
@@ -35,12 +36,17 @@ MAX_DUPLICATE_RUN = 200  # the sampler proposed only measured configurations thi
 _WAITING, _RUNNING, _FAIL = optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.FAIL
 _COMPLETE = optuna.trial.TrialState.COMPLETE
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
-_KEPT = ("seed", "replicate", "verify", "retry_of_failed", "came_back", "alone")  # what a retry keeps: its seed, why it runs, where
+_KEPT = ("seed", "epochs", "replicate", "verify", "retry_of_failed", "came_back", "alone")  # what a retry keeps: its run, why it runs, where
 
 
 def arch(t: optuna.trial.FrozenTrial) -> Any:
     """A trial's configuration key, also while it is queued (its fixed parameters)."""
     return t.system_attrs.get("fixed_params", t.params).get("arch")
+
+
+def run(study: Study, t: optuna.trial.FrozenTrial) -> tuple[Any, int, int]:
+    """What a trial measures: (configuration, seed, length). Every run is trained once."""
+    return arch(t), study.seed_of(t), study.length_of(t)
 
 
 class Queue:
@@ -61,8 +67,8 @@ class Queue:
             trials = current_trials(ostudy)
             slots = self.to_measure(ostudy, trials) - sum(t.state == _RUNNING and not runs_regardless(t) for t in trials)
             waiting = sorted((t for t in trials if t.state == _WAITING), key=lambda t: t.number)
-            done = {(arch(t), self.study.seed_of(t)) for t in trials if t.state == _COMPLETE and "duplicate_of" not in t.user_attrs}
-            free = {t.number for t in waiting if runs_regardless(t) or (arch(t), self.study.seed_of(t)) in done}
+            done = {run(self.study, t) for t in trials if t.state == _COMPLETE and "duplicate_of" not in t.user_attrs}
+            free = {t.number for t in waiting if runs_regardless(t) or run(self.study, t) in done}
             admitted = {t.number for t in [t for t in waiting if t.number not in free][:max(0, slots)]}
             eligible = [t for t in waiting if t.number in free or t.number in admitted]
             trial = next(filter(None, (pop(ostudy, t) for t in eligible)), None)
@@ -98,9 +104,9 @@ class Queue:
         self.requeue_dead(ostudy)
         return len(current_trials(ostudy, states=(_WAITING,)))
 
-    def requeue_dead(self, ostudy: optuna.Study) -> list[tuple[str, int]]:
-        """Queue again each (configuration, seed) whose every trial ended without a result (its worker died,
-        was interrupted or reclaimed): the retry resumes its checkpoint, at its seed, for the same reason.
+    def requeue_dead(self, ostudy: optuna.Study) -> list[tuple[str, int, int]]:
+        """Queue again each run (configuration, seed, length) whose every trial ended without a result (its
+        worker died, was interrupted or reclaimed): the retry resumes its checkpoint, at its seed, for the same reason.
 
         Idempotent and under the study's lock: two workers (or one killed between failing a stale trial
         and queueing it) never queue one twice. One whose worker died MAX_WORKER_DEATHS times (the
@@ -108,10 +114,10 @@ class Queue:
         `executor.max_failures` fails by itself: explorer.faults).
         """
         with self.study.store.lock():
-            dead: dict[tuple[str, int], list[optuna.trial.FrozenTrial]] = {}
-            alive: set[tuple[str, int]] = set()
+            dead: dict[tuple[str, int, int], list[optuna.trial.FrozenTrial]] = {}
+            alive: set[tuple[str, int, int]] = set()
             for t in current_trials(ostudy):
-                pair = (arch(t), self.study.seed_of(t))
+                pair = run(self.study, t)
                 if t.state == _FAIL and "fail_reason" not in t.user_attrs:
                     dead.setdefault(pair, []).append(t)
                 elif t.state in (_WAITING, _RUNNING) or is_measured(t):
@@ -143,10 +149,10 @@ class Queue:
         NaN loss, a bad learning rate): after the cause is fixed, `run --retry-failed` measures them.
         Trials whose worker died are retried by themselves and are not touched here."""
         with self.study.store.lock():
-            failed: dict[tuple[str, int], optuna.trial.FrozenTrial] = {}
-            settled: set[tuple[str, int]] = set()
+            failed: dict[tuple[str, int, int], optuna.trial.FrozenTrial] = {}
+            settled: set[tuple[str, int, int]] = set()
             for t in current_trials(ostudy):
-                key = (arch(t), self.study.seed_of(t))
+                key = run(self.study, t)
                 if t.state == _FAIL and "fail_reason" in t.user_attrs:
                     failed.setdefault(key, t)
                 elif t.state != _FAIL and "duplicate_of" not in t.user_attrs:
@@ -154,7 +160,7 @@ class Queue:
             retried = []
             for key, t in failed.items():
                 if key not in settled:
-                    kept = {k: t.user_attrs[k] for k in ("seed", "replicate") if k in t.user_attrs}
+                    kept = {k: t.user_attrs[k] for k in ("seed", "epochs", "replicate") if k in t.user_attrs}
                     enqueue(self.study, ostudy, {"arch": key[0]}, **kept, retry_of_failed=t.number)
                     retried.append(key[0])
             return retried
@@ -169,7 +175,8 @@ class Queue:
         with self.study.store.lock():
             self.requeue_dead(ostudy)
             _bring_back_pruned(self.study, ostudy)
-            return _queue_replicates(self.study, ostudy, self.study.seeds) if len(self.study.seeds) > 1 else []
+            more = len(self.study.seeds) > 1 or len(self.study.spec.budget.ladder) > 1  # more seeds, or longer runs
+            return _queue_replicates(self.study, ostudy, self.study.seeds) if more else []
 
     def verification(self, ostudy: optuna.Study, keys: list[str]) -> list[str]:
         """Queue configurations `recommend --verify` asks for; they run even once `n_trials` is reached.
@@ -245,16 +252,22 @@ def _queue_replicates(study: Study, ostudy: optuna.Study, seeds: list[int]) -> l
     adaptive = study.spec.replicates.policy != "fixed"  # adaptive and decide: one seed more per round
     if adaptive and (any(t.state in (_WAITING, _RUNNING) for t in trials) or study.queue.to_measure(ostudy, trials) > 0):
         return []
-    taken: dict[str, set[int]] = {}
+    budget = study.spec.budget
+    taken: dict[tuple[str, int], set[int]] = {}  # (configuration, length): seeds with a run that measures it
     for t in trials:
-        taken.setdefault(arch(t), set()).add(study.seed_of(t))
+        key, seed, length = run(study, t)
+        for rung in [r for r in budget.ladder if r <= length] if budget.lr_schedule == "wsd" else [length]:
+            taken.setdefault((key, rung), set()).add(seed)
     queued = []
     summary = study.reads.summary(ostudy, draws=None if study.spec.replicates.policy == "adaptive" else 0)
-    for key in wanted(summary, len(seeds), study.spec.replicates, budgets=study.budgets(), decision=study.spec.decision,
+    for row in wanted(summary, len(seeds), study.spec.replicates, budgets=study.budgets(), decision=study.spec.decision,
                       baseline=study.space.baseline.key if study.space.baseline is not None else None):
-        missing = [s for s in seeds if s not in taken.get(key, set())]
+        key, length = split_row(row)
+        length = length or study.entry_epochs
+        missing = [s for s in seeds if s not in taken.get((key, length), set())]
         for seed in missing[:1] if adaptive else missing:
-            enqueue(study, ostudy, {"arch": key}, seed=seed, replicate=True)
+            enqueue(study, ostudy, {"arch": key}, seed=seed, replicate=True,
+                    **({"epochs": length} if len(budget.ladder) > 1 else {}))
             queued.append((key, seed))
     return queued
 

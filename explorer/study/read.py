@@ -107,22 +107,26 @@ class Reads:
         limit = self.study.spec.max_failures
         return limit is not None and self.failures(ostudy) >= limit
 
-    def completed(self, ostudy: optuna.Study) -> dict[tuple[str, int], optuna.trial.FrozenTrial]:
-        """The first completed measurement of each (configuration, seed)."""
-        out: dict[tuple[str, int], optuna.trial.FrozenTrial] = {}
+    def completed(self, ostudy: optuna.Study) -> dict[tuple[str, int, int], optuna.trial.FrozenTrial]:
+        """The first completed measurement of each run (configuration, seed, length)."""
+        out: dict[tuple[str, int, int], optuna.trial.FrozenTrial] = {}
         for t in current_trials(ostudy, states=(_COMPLETE,)):
             if "duplicate_of" not in t.user_attrs:
-                out.setdefault((t.params.get("arch"), self.study.seed_of(t)), t)
+                out.setdefault((t.params.get("arch"), self.study.seed_of(t), self.study.length_of(t)), t)
         return out
 
-    def summary(self, ostudy: optuna.Study, draws: int | None = None) -> pd.DataFrame:
+    def summary(self, ostudy: optuna.Study, draws: int | None = None, epochs: int | None = None) -> pd.DataFrame:
         """Per-configuration statistics of the stored measurements (explorer.stats.summarize), with the
-        posterior of every configuration of the space (the unmeasured ones predicted) in its attrs."""
-        objectives = [(o.name, o.direction) for o in self.study.objectives]
+        posterior of every configuration of the space (the unmeasured ones predicted) in its attrs; at
+        `epochs` (default the study's target length) where the study trains several lengths."""
+        study = self.study
+        objectives = [(o.name, o.direction) for o in study.objectives]
         kwargs = {} if draws is None else {"draws": draws}
-        candidates = [(c.key, c.dims, c.params) for c in self.study.configs.values()]
-        return summarize(current_rows(trials_frame(ostudy), ostudy), self.study.task.metric, objectives,
-                         first_seed=self.study.seeds[0], candidates=candidates, **kwargs)
+        candidates = [(c.key, c.dims, c.params) for c in study.configs.values()]
+        budget = study.spec.budget
+        return summarize(current_rows(trials_frame(ostudy), ostudy), study.task.metric, objectives,
+                         first_seed=study.seeds[0], candidates=candidates, epochs=epochs or study.target_epochs,
+                         lengths=budget.ladder, compute={e: budget.compute(e) for e in budget.ladder}, **kwargs)
 
     def answers(self, summary: pd.DataFrame) -> list[tuple[list[int], Answer]]:
         """The answer at each of the study's budgets (`decision.budgets`), budgets holding the same
@@ -135,8 +139,20 @@ class Reads:
         base = study.space.baseline
         best = float(np.nanmax(post.sign() * summary["mean"])) * post.sign()
         delta = study.spec.decision.margin(study.task.higher_is_better, best)
-        return [(at, answer(post, at[-1], base.key if base else None, delta, study.spec.decision.level))
+        return [(at, answer(post, at[-1], base.key if base else None, delta, study.spec.decision.level,
+                            full=summary.attrs.get("full"), epochs=summary.attrs.get("epochs")))
                 for at in distinct(post, study.budgets()).values()]
+
+    def learning(self, frame: pd.DataFrame) -> str | None:
+        """In words, when the runs of a `trials_frame` were still learning as they stopped (explorer.learning)."""
+        from explorer.learning import still_learning
+
+        study = self.study
+        found = still_learning(frame, study.task.metric, study.task.higher_is_better, study.spec.budget)
+        if found is None or not found.learning:
+            return None
+        unit, what = (100.0, "points") if study.task.higher_is_better else (1.0, study.task.metric)
+        return found.words(unit, what, study.task.metric)
 
     def replicate_cost(self, ostudy: optuna.Study) -> tuple[int, int]:
         """(runs measured, runs that every measured configuration at the maximum seeds would take)."""

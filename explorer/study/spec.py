@@ -281,6 +281,22 @@ class Study:
         """The seed a trial trains with: a queued replicate's own, else the first (every configuration starts there)."""
         return int(trial.user_attrs.get("seed", self.seeds[0]))
 
+    @property
+    def target_epochs(self) -> int:
+        """The length the answers are for: `decision.epochs`, else the longest the study trains."""
+        return self.spec.decision.epochs or self.spec.budget.longest
+
+    @property
+    def entry_epochs(self) -> int:
+        """The length a configuration is first measured at: the shortest rung where the `decide` policy buys
+        longer runs of the contenders, else the longest (under wsd it gives every shorter rung too)."""
+        ladder = self.spec.budget.ladder
+        return ladder[0] if self.spec.replicates.policy == "decide" else ladder[-1]
+
+    def length_of(self, trial: optuna.Trial | optuna.trial.FrozenTrial) -> int:
+        """The length (epochs) a trial trains: a queued run's own, else the entry length."""
+        return int(trial.user_attrs.get("epochs", self.entry_epochs))
+
     def encoding(self, study: optuna.Study | None = None) -> Encoding:
         """How this study's configurations are Optuna parameters: ordered, or `arch` for a study stored
         before the ordered encoding (chosen once per opened study, from its stored trials)."""
@@ -312,7 +328,7 @@ class Study:
         p = self.spec.pruner
         edges = bin_edges([cfg.params for cfg in self.space.configs()], p.param_bins)
         return BinnedPruner(p.name, self.task.higher_is_better, edges, p.warmup_epochs, p.startup_trials, p.reduction_factor,
-                            p.margin, self.spec.budget.epochs, p.noise)
+                            p.margin, self.entry_epochs, p.noise)
 
 
 def load_study_spec(path: str | Path) -> Study:
