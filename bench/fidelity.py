@@ -11,7 +11,7 @@ rerun skips them. It imports explorer's space, task and training modules only (n
 which needs Optuna), so it runs on a machine that has torch and pydantic and nothing else of ours.
 
 The comparison reads such a table: per configuration, the mean over the seeds that both epoch counts
-measured, then `explorer.extrapolate.order_held` at the 10 budgets bench/stability.py uses (log-uniform
+measured, then `explorer.transfer.order_held` at the 10 budgets bench/stability.py uses (log-uniform
 from the smallest configuration to the largest): Kendall's tau between the short and the long means,
 and per budget whether the short runs' pick holds at the long budget (the same configuration, or one
 whose long mean is within `--margin` of the long runs' best). The floor beside it: the share a pick
@@ -123,7 +123,7 @@ def budgets(params: dict[str, int], n: int = BUDGETS) -> list[int]:
 
 
 def compare(args: argparse.Namespace) -> None:
-    from explorer.extrapolate import order_held
+    from explorer.transfer import order_held
 
     frame = pd.read_csv(args.table)
     short_e, long_e = sorted(frame["epochs"].unique())[:1][0], sorted(frame["epochs"].unique())[-1]

@@ -7,6 +7,7 @@ The map, in the order a study flows:
 
     space.py, families/, tasks/      what is searched (configurations, exact counts) and on what data
     study/spec.py, budget.py         a study's YAML resolved against its files, its identity, how a trial trains
+    schedule.py                      learning-rate schedules; a ladder's shorter lengths branched off one run
     study/storage.py, lock.py        its Optuna storage, and the lock under which workers decide what runs
     optuna_compat.py                 the one module using Optuna's private names (bottom floor)
     study/queue.py                   what runs next: grid, replicates, verification, retries
@@ -15,7 +16,9 @@ The map, in the order a study flows:
     identity.py                      which stored trials answer the study's current question
     study/read.py, frame.py, stats.py  the read side: measurements, counts, per-configuration statistics
     pareto.py, decisions.py          fronts; non-inferior / beats / equivalent / undecided at a budget
-    recommend.py, extrapolate.py     the answer for a budget: measured, or the shape law past the data
+    noise.py, gp.py, posterior.py    the one posterior over configurations and lengths
+    recommend.py, transfer.py        the answer for a budget at a length, inside and past the space; how far it carries
+    learning.py                      whether the runs were still learning when they stopped
     dashboard/                       the offline HTML report (reading, text, plots, extrapolation, page)
     api.py <- cli.py                 the Python API, and the `explorer` command over it
 """

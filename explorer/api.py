@@ -132,18 +132,16 @@ class Experiment:
             seeds=study.seeds, replicates=study.spec.replicates.model_dump(), replicate_runs=runs, replicate_at_max=at_max,
             summary=_with_free_dims(self.study, summary), trials=frame, set_aside=study.reads.set_aside(ostudy), free_dims=list(study.space.free_dims), metric=self.metric,
             answers=study.reads.answers(summary), higher_is_better=study.task.higher_is_better,
-            classes=study.reads.classes_note(ostudy),
+            classes=study.reads.classes_note(ostudy), epochs=summary.attrs.get("epochs"),
+            learning=study.reads.learning(frame),
         )
 
     def export(self, target: str | Path, format: str = "csv") -> tuple[Path, Path, int, int]:
         """Write the trials table to `target` and the per-configuration table beside it
         (t.csv -> t.configs.csv; parquet likewise); returns both paths and their row counts."""
-        from explorer.stats import summarize
-
         target = Path(target)
         frame = self.trials()
-        objectives = [(o.name, o.direction) for o in self.study.objectives]
-        configs = summarize(frame, self.metric, objectives).reindex(columns=CONFIG_COLUMNS)
+        configs = self.study.reads.summary(self.optuna_study()).reindex(columns=CONFIG_COLUMNS)
         configs.attrs.clear()  # the pooled variance it carries is no column, and parquet cannot store it
         suffix = target.suffix or f".{format}"
         beside = target.with_name(target.name.removesuffix(target.suffix) + ".configs" + suffix)
@@ -196,24 +194,15 @@ class Experiment:
         base = self.study.space.baseline
         return text if isinstance(text, int) else parse_budget(text, base.params if base else None)
 
-    def recommend(self, budget: str | int, list_ties: bool = False) -> Recommendation:
-        """The answer within `budget` (a count, "60M", "10%-below-baseline"): the configuration to use, its
-        regret bound, decided or not (the study's `decision:`), its verdict against the baseline; past the
-        measured range the shape law's answer or refusal. `.lines()` says it; `list_ties` lists the ties."""
-        from explorer.beyond import past_the_space
-        from explorer.recommend import recommend
+    def recommend(self, budget: str | int, list_ties: bool = False, epochs: int | None = None) -> Recommendation:
+        """The answer within `budget` (a count, "60M", "10%-below-baseline") at the study's target length
+        (or `epochs`): the configuration to use, its regret bound, decided or not (the study's `decision:`),
+        its verdict against the baseline; past the space, among its splits and those past its ranges, or a
+        refusal past the validated reach. `.lines()` says it; `list_ties` lists the ties."""
+        from explorer.recommend import for_study
 
-        study = self.study
-        base = study.space.baseline
-        limit = self.budget(budget)
-        candidates = [(c.key, c.dims, c.params) for c in study.space.configs()]
         trials = current_rows(self.trials(), self.optuna_study())
-        if not len(trials) or not trials["state"].eq("COMPLETE").any():
-            raise ExplorerError(f"no completed trial to recommend from ({len(trials)} stored; `explorer status` says why)",
-                                source=str(study.source))
-        return past_the_space(study, trials, limit, candidates, recommend(
-            trials, limit, base.key if base else None, self.metric, candidates, study.task.higher_is_better,
-            decision=study.spec.decision, list_ties=list_ties, first_seed=study.seeds[0]))
+        return for_study(self.study, trials, self.budget(budget), list_ties, epochs)
 
     def verify_longer(self, rec: Recommendation, epochs: int, seeds: int = 3, on_trial: TrialCallback | None = None,
                       verbose: bool = False) -> list[str]:
@@ -231,7 +220,7 @@ class Experiment:
         return self.study.queue.verification(ostudy, list(rec.verify))
 
     def verify_outside(self, rec: Recommendation, on_trial: TrialCallback | None = None) -> list[str]:
-        """Train `rec.outside`, the shape law's pick past the space, in a study of its own (explorer.beyond)."""
+        """Train `rec.outside`, the pick past the space, in a study of its own (explorer.beyond)."""
         from explorer.beyond import verify_outside
         with quiet():
             return verify_outside(self.study, rec, on_trial)
@@ -332,6 +321,8 @@ class Status:
     answers: list[tuple[list[int], Answer]]  # per distinct set of the study's budgets: the answer (explorer.decisions)
     higher_is_better: bool = True
     classes: str | None = None  # trials of more than one execution class (CPU and GPU): which are read, which set aside
+    epochs: int | None = None  # the length the answers are for, where the study trains several
+    learning: str | None = None  # the runs were still learning when they stopped (explorer.learning), in words
 
 
 CONFIG_COLUMNS = ["arch", "layers", "heads", "width", "mlp", "params", "n", "raw", "mean", "std", "se", "lo", "hi",

@@ -1,16 +1,12 @@
-"""Measuring a split the shape law predicts past the space's declared ranges: `recommend --verify` at a budget
-above the space trains it at the study's budget and seeds, as a study of its own (NAME-beyond, in the same
-storage: resumable, never mixed with the study's own), whose space is the study's with its ranges continued
-(explorer.space.wider), and says what it measured beside the prediction. `past_the_space` gives `recommend`
-that prediction: the shape law's answer among the space's configurations and the splits past its ranges.
+"""Measuring a split the posterior picks past the space's declared ranges (explorer.recommend): `recommend
+--verify` at a budget above the space trains it at the study's budget and seeds, as a study of its own
+(NAME-beyond, in the same storage: resumable, never mixed with the study's own), whose space is the
+study's with its ranges continued (explorer.space.wider), and says what it measured beside the prediction.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
-import pandas as pd
 
 from explorer.executors import TrialCallback, get_executor
 from explorer.recommend import Recommendation
@@ -34,16 +30,3 @@ def verify_outside(study: Study, rec: Recommendation, on_trial: TrialCallback | 
     seeds = f"{int(row['n'])} seed{'s' if row['n'] != 1 else ''}"
     interval = f" (95% interval {row['lo']:.4g} to {row['hi']:.4g})" if np.isfinite(row["lo"]) else ""
     return [f"{key} measured in {spec.name} ({seeds}): {study.task.metric} {row['raw']:.4g}{interval}"]
-
-
-def past_the_space(study: Study, trials: pd.DataFrame, limit: int, candidates: list, rec: Recommendation) -> Recommendation:
-    """`rec` with the pruned configurations within the budget and, past the measured range, the shape law's
-    answer among the space's configurations and the splits past its declared ranges (explorer.extrapolate)."""
-    from explorer.extrapolate import past_the_data
-    from explorer.pruning import pruned_within
-    from explorer.space import widened
-
-    past = [(c.key, c.dims, c.params) for c in widened(study.space, limit)] if rec.space_max is not None else []
-    lines, outside = past_the_data(trials, limit, candidates + past, rec.metric, study.task.higher_is_better,
-                                   {k for k, _, _ in past})
-    return replace(rec, pruned=tuple(pruned_within(trials, limit)), beyond=tuple(lines), outside=outside)

@@ -329,22 +329,22 @@ def recommend(
     budget: Annotated[str, typer.Option(help="60M, 250k, 1.5e6, or 10%-below-baseline")],
     verify: Annotated[bool, typer.Option(help="queue the recommended configuration's unmeasured neighbours in the study "
                                               "(with --epochs: train the pick and its rivals longer now)")] = False,
-    epochs: Annotated[Optional[int], typer.Option(min=1, help="with --verify: train the pick and the splits it does not beat "
-                                                  "at N epochs (3 seeds, a study of its own) and say whether the order held")] = None,
+    epochs: Annotated[Optional[int], typer.Option(min=1, help="answer at N epochs (default: the study's target length, "
+                                                  "decision.epochs); with --verify: train the pick and the splits it does not "
+                                                  "beat at N epochs (3 seeds, a study of its own) and say whether the order held")] = None,
     list_ties: Annotated[bool, typer.Option(help="list the configurations not distinguished from the pick (default: their count)")] = False,
 ) -> None:
-    """The best (layers, heads) split within a parameter budget: measured, with the decision the seeds
-    support; past the measured range, the shape law's prediction with its interval."""
+    """The best (layers, heads) split within a parameter budget at the length you will train, with the
+    decision the seeds support; past the space, one answer from the same posterior (a split past it is
+    marked predicted)."""
     from explorer import api
 
     exp = api.load(study)
     limit = exp.budget(budget)  # a bad budget is said before the storage is opened
     exp, changed = _read(study)
-    rec = exp.recommend(limit, list_ties=list_ties)
+    rec = exp.recommend(limit, list_ties=list_ties, epochs=None if verify else epochs)
     for line in rec.lines():
         out.print(line, markup=False)
-    if epochs is not None and not verify:
-        raise ExplorerError("--epochs goes with --verify", field="--epochs")
     if verify and epochs is not None:
         for line in exp.verify_longer(rec, epochs):
             out.print(line, markup=False)

@@ -1,6 +1,6 @@
 """Do short runs' answers hold at a longer training budget? `recommend --verify --epochs N` trains the pick
 and its rivals at N epochs, as a study of its own in the same storage (named NAME-Nep: resumable, never
-mixed with the study's own budget), and compares the orders (explorer.extrapolate.order_held).
+mixed with the study's own budget), and compares the orders (explorer.transfer.order_held).
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 
 from explorer.executors import TrialCallback, get_executor
-from explorer.extrapolate import order_held
+from explorer.transfer import order_held
 from explorer.recommend import Recommendation
 from explorer.study import Study
 

@@ -7,23 +7,37 @@ verdict of X against the baseline from the same draws, and for an undecided budg
 configurations and how many seeds would decide it. Everything it prints is about X. A configuration no
 trial measured can be X only when the surface's prediction makes its bound the smallest; it is then
 marked predicted, with `--verify` to measure it and its neighbours.
+
+The answer is at one training length: the study's target (`decision.epochs`, default the longest it
+trains) or any other (`epochs`), read off the same posterior, which spans the lengths a ladder trains.
+Past the space the same posterior answers too: the splits past its declared ranges that fit the
+budget (`outside`, explorer.space.widened) are candidates like the space's unmeasured ones, predicted by
+the surface with an interval that widens with distance, so the answer is one "use" line; it names a
+split past the space only when the surface shows it better, and otherwise says which to measure.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pandas as pd
 
 from explorer.decisions import Answer, DecisionSpec, answer
 from explorer.errors import ExplorerError
+from explorer.learning import still_learning
 from explorer.posterior import LEVEL, Posterior
+from explorer.pruning import pruned_within
+from explorer.space import widened
 from explorer.stats import Candidate, summarize
+from explorer.transfer import LENGTH_REACH, SIZE_REACH, length_refusal, size_refusal
 from explorer.units import format_count
+
+if TYPE_CHECKING:
+    from explorer.study import Study
 
 
 @dataclass(frozen=True)
@@ -51,9 +65,12 @@ class Recommendation:
     verify: tuple[str, ...] = ()  # study configs around it: `--verify` queues the unmeasured ones
     higher_is_better: bool = True
     space_max: int | None = None  # the space's largest configuration, when the budget is at or past it
-    beyond: tuple[str, ...] = ()  # the shape law's answer past the measured range (explorer.extrapolate)
-    outside: str | None = None  # its predicted best, when past the space's declared ranges (`--verify` trains it)
+    outside: str | None = None  # the pick, when it is past the space's declared ranges (`--verify` trains it)
+    past: tuple[str, ...] = ()  # splits past the space that may be better than the pick (the next to measure)
     pruned: tuple[str, ...] = ()  # configurations within budget pruned and never completed
+    epochs: int | None = None  # the length the answer is for, where the study trains several
+    shorter: tuple[tuple[int, int], ...] = ()  # predicted at `epochs`: its runs at other lengths, (epochs, seeds)
+    notes: tuple[str, ...] = ()  # what else the reader must know (a refusal past the reach, runs still learning)
 
     @property
     def decided(self) -> bool:
@@ -84,7 +101,8 @@ class Recommendation:
         unit, what = self.units()
         shape = ", ".join(f"{d}={self.dims[d]}" for d in ("mlp", "width") if self.dims.get(d) is not None)
         said = self.answer.words(unit, what)
-        out = [f"budget {format_count(self.budget)}: {said[0]}",
+        at = f" at {self.epochs} epochs" if self.epochs is not None else ""
+        out = [f"budget {format_count(self.budget)}{at}: {said[0]}",
                f"{self.key}{f' ({shape})' if shape else ''}, {format_count(self.params)} params, {self._value()}"]
         if self.model:
             out.append(f"model: {self.model}")
@@ -99,17 +117,23 @@ class Recommendation:
                 listed = ", ".join(f"{k} ({format_count(p)}{', equivalent' if k in self.equivalent else ''})"
                                    for k, p in zip(self.tied, self.tied_params))
                 out.append(f"not told apart from it: {listed}")
+        if self.outside is not None:
+            out.append(f"{self.key} is past the space's declared ranges (its fixed dimensions and constraints kept): "
+                       "`explorer recommend ... --verify` trains it at the study's budget, in a study of its own")
+        elif self.past:
+            out.append(f"splits past the space that the surface cannot tell from it yet (measure the first: add it to "
+                       f"the space): {', '.join(self.past)}")
         around = [k for k in self.verify if k != self.key]
-        if self.kind == "predicted" or around:
+        if (self.kind == "predicted" or around) and self.outside is None:
             out.append(f"to check it, measure {'it and ' if self.kind == 'predicted' else ''}its neighbours "
                        f"(`explorer recommend ... --verify` queues them): {'; '.join(around) or self.key}")
         if self.pruned:
             out.append(f"pruned within budget, never completed (a pruned configuration comes back once when the "
                        f"evidence against it weakens): {', '.join(self.pruned)}")
-        if self.space_max is not None:
+        if self.space_max is not None and not self.past and self.outside is None:
             out.append(f"the budget binds nothing in the space: its largest configuration has {format_count(self.space_max)} "
                        "params, so within the space this is the answer at that size")
-        return out + list(self.beyond)
+        return out + list(self.notes)
 
     def _value(self) -> str:
         metric = f"{self.metric} {self.value:.4g}"
@@ -117,8 +141,12 @@ class Recommendation:
             return (f"{metric} (measured at {self.n} seed{'s' if self.n != 1 else ''}; one seed per configuration: no "
                     "interval yet, a second seed of some configurations gives one)")
         interval = f"{LEVEL:.0%} interval {self.lo:.4g} to {self.hi:.4g}"
+        if self.kind == "predicted" and self.shorter:
+            runs = ", ".join(f"{n} seed{'s' if n != 1 else ''} at {e} epochs" for e, n in self.shorter)
+            return f"{metric} ({interval}; predicted at {self.epochs} epochs from its runs: {runs})"
         if self.kind == "predicted":
-            return f"{metric} ({interval}; predicted by the surface, not measured)"
+            where = "past the space" if self.outside is not None else "not measured"
+            return f"{metric} ({interval}; predicted by the surface, {where})"
         seeds = f"{self.n} seed{'s' if self.n != 1 else ''}"
         return f"{metric} ({interval}; measured at {seeds}, plain mean {self.raw:.4g}, trial {self.trial} first)"
 
@@ -169,6 +197,7 @@ def describe(post: Posterior) -> str:
     if post.model == "smooth" and post.check is not None:
         parts.append(f"measured means shrunk towards a smooth surface over the free dimensions (held-out seeds inside "
                      f"their 95% intervals: {post.check.inside} of {post.check.held_out})")
+        parts += [post.note] if post.note else []
     elif post.note:
         parts.append(post.note)
     else:
@@ -178,28 +207,32 @@ def describe(post: Posterior) -> str:
 
 def recommend(df: pd.DataFrame, budget: int, baseline_key: str | None, metric: str = "accuracy",
               candidates: Sequence[Candidate] = (), higher_is_better: bool = True, decision: DecisionSpec | None = None,
-              list_ties: bool = False, first_seed: int = 0) -> Recommendation:
+              list_ties: bool = False, first_seed: int = 0, epochs: int | None = None, lengths: Sequence[int] = (),
+              compute: Mapping[int, float] | None = None, outside: Sequence[Candidate] = ()) -> Recommendation:
     """The answer at `budget` from a `trials_frame`: the pick with its bound, decided or not, its verdict
-    against the baseline; `candidates` (the space's feasible configurations) are predicted where
-    unmeasured and count among "the configurations within the budget"."""
+    against the baseline; `candidates` (the space's feasible configurations) and `outside` (splits past
+    its declared ranges) are predicted where unmeasured and count among "the configurations within the
+    budget". With runs at several `lengths`, the answer is at `epochs`."""
     decision = decision or DecisionSpec()
     done = df[df["state"] == "COMPLETE"].dropna(subset=[metric, "params"])
     if "duplicate_of" in done:
         done = done[done["duplicate_of"].isna()]
     direction = "maximize" if higher_is_better else "minimize"
+    everything = [*candidates, *outside]
     table = summarize(done, metric, [(metric, direction), ("params", "minimize")], level=decision.level, draws=0,
-                      first_seed=first_seed, candidates=candidates)
+                      first_seed=first_seed, candidates=everything, epochs=epochs, lengths=lengths, compute=compute)
     if not len(table):
         raise ExplorerError("no completed trial to recommend from", field="budget")
     post: Posterior = table.attrs["posterior"]
-    best = float(np.nanmax(post.sign() * table["mean"])) * post.sign()
+    at = table.attrs.get("epochs")
+    measured = post.n > 0
+    best = float(np.nanmax(post.sign() * post.mean[measured] if measured.any() else post.sign() * table["mean"])) * post.sign()
     delta = decision.margin(higher_is_better, best)
-    said = answer(post, budget, baseline_key, delta, decision.level)
+    said = answer(post, budget, baseline_key, delta, decision.level, full=table.attrs.get("full"), epochs=at)
     key = said.pick
     i = post.index[key]
     lo, hi = post.interval(decision.level)
-    measured = post.n[i] > 0
-    dims = next((dict(d) for k, d, _ in candidates if k == key), None)
+    dims = next((dict(d) for k, d, _ in everything if k == key), None)
     if dims is None:
         row = table[table["arch"] == key].iloc[0]
         dims = {d: (None if pd.isna(row.get(d)) else int(row[d])) for d in ("layers", "heads", "width", "mlp") if d in row}
@@ -207,11 +240,59 @@ def recommend(df: pd.DataFrame, budget: int, baseline_key: str | None, metric: s
     inside = [k for k in said.regret.keys if k != key]
     tied, equivalent = _ties(post, key, inside, delta, decision.level)
     space = max((p for _, _, p in candidates), default=None)
+    past = {k for k, _, _ in outside}
+    full = table.attrs["full"]
+    shorter = tuple((e, int(n)) for e in sorted(lengths) if e != at and (r := f"{key}@{e}") in full.index
+                    and (n := full.n[full.index[r]]) > 0) if at is not None else ()
     return Recommendation(
         budget=int(budget), key=key, dims=dims, params=int(post.params[i]), metric=metric,
-        value=float(post.mean[i]), lo=float(lo[i]), hi=float(hi[i]), kind="measured" if measured else "predicted",
+        value=float(post.mean[i]), lo=float(lo[i]), hi=float(hi[i]), kind="measured" if measured[i] else "predicted",
         answer=said, n=int(post.n[i]), raw=float(post.raw[i]), trial=int(first[key]) if key in first else None,
         model=describe(post), tied=tuple(k for _, _, k in tied), tied_params=tuple(p for p, _, _ in tied),
         equivalent=tuple(k for _, _, k in tied if k in equivalent), list_ties=list_ties,
-        verify=_neighbours(key, _known(done, candidates), budget), higher_is_better=higher_is_better,
-        space_max=space if space is not None and budget >= space else None)
+        verify=_neighbours(key, _known(done, candidates), budget) if key not in past else (), higher_is_better=higher_is_better,
+        space_max=space if space is not None and budget >= space else None, outside=key if key in past else None,
+        past=_rivals(post, key, [k for k in said.regret.keys if k in past], decision.level), epochs=at, shorter=shorter)
+
+
+def _rivals(post: Posterior, pick: str, keys: Sequence[str], level: float) -> tuple[str, ...]:
+    """Those of `keys` (unmeasured splits) the posterior cannot tell from the pick, the likeliest better first."""
+    if not post.has_intervals or not keys:
+        return ()
+    better = {k: float(np.mean(post.difference(k, pick) > 0)) for k in keys}
+    return tuple(k for k in sorted(better, key=lambda k: -better[k]) if better[k] > (1 - level) / 2)
+
+
+def for_study(study: Study, trials: pd.DataFrame, limit: int, list_ties: bool = False, epochs: int | None = None) -> Recommendation:
+    """`recommend` for a study's current trials at its target length (or `epochs`): past the space among its
+    splits and those past its ranges (within SIZE_REACH of the largest measured), with the pruned
+    configurations within the budget, and what the reader must know besides (a refusal, runs still learning)."""
+    base, budget = study.space.baseline, study.spec.budget
+    target, ladder = epochs or study.target_epochs, budget.ladder
+    if target not in ladder and len(ladder) == 1:
+        raise ExplorerError(f"this study trains one length ({ladder[0]} epochs), which says nothing of how the answer moves "
+                            f"with length: train a ladder (budget.epochs: [{ladder[0]}, {target}]), or check the pick "
+                            f"with `recommend --verify --epochs {target}`", field="--epochs")
+    if not len(trials) or not trials["state"].eq("COMPLETE").any():
+        raise ExplorerError(f"no completed trial to recommend from ({len(trials)} stored; `explorer status` says why)",
+                            source=str(study.source))
+    done = trials[trials["state"] == "COMPLETE"]
+    longest = int(done["epochs"].max()) if "epochs" in done and done["epochs"].notna().any() else ladder[-1]
+    if target > longest * LENGTH_REACH:
+        raise ExplorerError(length_refusal(target, longest), field="--epochs")
+    top = int(done["params"].max())
+    space = [(c.key, c.dims, c.params) for c in study.space.configs()]
+    notes, outside = [], []
+    if limit > max(p for _, _, p in space):
+        if limit > SIZE_REACH * top:
+            notes.append(size_refusal(limit, top))
+        else:
+            outside = [(c.key, c.dims, c.params) for c in widened(study.space, limit)]
+    rec = recommend(trials, limit, base.key if base else None, study.task.metric, space, study.task.higher_is_better,
+                    decision=study.spec.decision, list_ties=list_ties, first_seed=study.seeds[0], epochs=target,
+                    lengths=ladder, compute={e: budget.compute(e) for e in ladder}, outside=outside)
+    learning = still_learning(trials, study.task.metric, study.task.higher_is_better, budget)
+    if learning is not None and learning.learning:
+        unit, what = rec.units()
+        notes.append(learning.words(unit, what, study.task.metric))
+    return replace(rec, pruned=tuple(pruned_within(trials, limit)), notes=tuple(notes))

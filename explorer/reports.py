@@ -28,9 +28,11 @@ def answers(st: Any) -> Shown | None:
     post = st.summary.attrs["posterior"]
     delta = st.answers[0][1].delta
     what, shown = ("points", 100 * delta) if st.higher_is_better else (st.metric, delta)
-    title = (f"answers at the study's budgets: use X, within ε {what} of the best configuration within the budget "
+    at = f" at {st.epochs} epochs" if st.epochs is not None else ""
+    title = (f"answers at the study's budgets{at}: use X, within ε {what} of the best configuration within the budget "
              f"(95%); decided when ε <= {shown:.2g} {what}")
-    return Shown(table(st.answers, post, st.metric, st.higher_is_better), title, (post.note,) if post.note else ())
+    notes = tuple(n for n in (post.note, st.learning) if n)
+    return Shown(table(st.answers, post, st.metric, st.higher_is_better), title, notes)
 
 
 def front(st: Any, list_ties: bool = False) -> Shown:

@@ -339,7 +339,7 @@ def _divisors(n: int) -> list[int]:
 
 def widened(space: SearchSpace, budget: int, steps: int = 64) -> list[Config]:
     """Feasible configurations past `space`'s declared ranges with at most `budget` parameters, not in the
-    space (those of `wider`): where the shape law may predict beyond the space (explorer.extrapolate)."""
+    space (those of `wider`): where the posterior answers past the space (explorer.recommend)."""
     known = {c.key for c in space.configs()}
     return [c for c in wider(space, budget, steps)._enumerated[0] if c.params <= budget and c.key not in known]
 

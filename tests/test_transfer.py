@@ -1,4 +1,5 @@
-"""The shape law: recovery of a known optimum, the refusal past the reach, dropped terms, and order_held."""
+"""How far answers carry: the posterior past the measured range (the dashboard's figure and its held-out
+check), the refusals past the reach, and order_held (short runs against long ones)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from explorer.errors import ExplorerError
-from explorer.extrapolate import REACH, answer, fit, order_held
+from explorer.transfer import LENGTH_REACH, SIZE_REACH, length_refusal, order_held, size_refusal
 from conftest import write_study
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,59 +41,6 @@ def _synthetic(widths: tuple[int, ...] = (16, 32, 64), seeds: int = 3, noise: fl
     return pd.DataFrame(rows)
 
 
-def _candidates(frame: pd.DataFrame) -> list[tuple[str, dict, int]]:
-    configs = frame.groupby("key").first()
-    return [(k, {d: int(r[d]) for d in ("layers", "heads", "width", "mlp")}, int(r["params"])) for k, r in configs.iterrows()]
-
-
-def test_fit_recovers_a_known_optimum_within_its_interval() -> None:
-    frame = _synthetic()
-    model = fit(frame, "metric", higher_is_better=True, bootstrap=60)
-    configs = frame.groupby("key").first()
-    budget = int(configs["params"].max())
-    truth = {k: 1 - _true_err(r["layers"], r["heads"], r["width"]) for k, r in configs.iterrows()}
-    best_key = max(truth, key=truth.get)
-    assert configs.at[best_key, "params"] < budget  # the optimum is inside: "the largest" would be wrong
-    result = answer(model, _candidates(frame), budget)
-    picked = [result.best.key, *(r.key for r in result.rivals)]
-    assert best_key in picked
-    assert result.best.lo <= truth[best_key] <= result.best.hi
-    assert result.best.lo < result.best.value < result.best.hi
-    assert truth[result.best.key] > np.median(list(truth.values()))  # not a lucky overlap: the pick itself is good
-    text = "\n".join(result.lines())
-    assert "within the measured range" in text and "predicted, not measured" in text
-
-
-def test_answer_beyond_the_data_says_how_far_and_refuses_past_the_reach() -> None:
-    frame = _synthetic()
-    small = frame[frame["params"] <= 40_000]
-    model = fit(small, "metric", bootstrap=20)
-    top = int(small["params"].max())
-    inside = answer(model, _candidates(frame), int(2 * top))
-    assert inside.refusal is None and f"{2 * top / top:.1f}x the largest measured configuration" in inside.lines()[0]
-    assert inside.best.params > top  # it may pick a configuration larger than any measured
-    refused = answer(model, _candidates(frame), int((REACH + 0.5) * top))
-    assert refused.best is None and len(refused.lines()) == 1
-    assert f"validated to {REACH:g}x" in refused.lines()[0]
-
-
-def test_one_width_drops_the_terms_the_data_cannot_support() -> None:
-    frame = _synthetic(widths=(32,))
-    model = fit(frame, "metric", bootstrap=10)
-    assert model.terms == ("layers", "heads")
-    assert any("width=32" in d for d in model.dropped) and any("mlp=64" in d for d in model.dropped)
-    assert "width term dropped" in model.describe()
-    few = frame[frame["layers"] <= 1]  # 4 configurations for a law of 7 coefficients
-    with pytest.raises(ExplorerError, match="cannot fit"):
-        fit(few, "metric", bootstrap=10)
-
-
-def test_fit_rejects_an_accuracy_above_one() -> None:
-    frame = _synthetic().assign(metric=lambda f: f["metric"] + 1)
-    with pytest.raises(ExplorerError, match="above 1"):
-        fit(frame, "metric", bootstrap=5)
-
-
 def test_order_held_counts_same_and_equivalent_answers() -> None:
     params = {"a": 10, "b": 20, "c": 30}
     short = {"a": 0.80, "b": 0.90, "c": 0.85}
@@ -110,17 +57,23 @@ def test_order_held_counts_same_and_equivalent_answers() -> None:
     assert lower.short_picks == ("b",) and lower.long_picks == ("c",) and lower.held == (False,)
 
 
-def test_dashboard_draws_the_law_past_the_data_and_its_held_out_check() -> None:
-    from explorer.dashboard.extrapolation import extrapolation_figure as _extrapolation_figure
+def test_dashboard_draws_the_answer_past_the_data_and_its_held_out_check() -> None:
+    from explorer.dashboard.extrapolation import extrapolation_figure
 
     frame = _synthetic().rename(columns={"key": "arch", "metric": "accuracy"}).assign(state="COMPLETE")
-    fig = _extrapolation_figure({"s": frame}, {"s": {"metric": "accuracy"}})
-    beyond = [t for t in fig.data if t.name == "s: law's best within budget, beyond the data"]
-    assert len(beyond) == 1 and max(beyond[0].x) == pytest.approx(REACH * frame["params"].max())
+    fig = extrapolation_figure({"s": frame}, {"s": {"metric": "accuracy"}})
+    past = [t for t in fig.data if t.name == "s: the answer within budget, past the data"]
+    assert len(past) == 1 and max(past[0].x) == pytest.approx(SIZE_REACH * frame["params"].max())
     assert "held-out check:" in fig.layout.annotations[1].text
-    few = frame[(frame["layers"] == 1) & (frame["width"] == 16)]  # 4 configurations for a law of 5 coefficients
-    fig = _extrapolation_figure({"s": few}, {"s": {"metric": "accuracy"}})
-    assert "no shape law" in fig.layout.annotations[0].text
+    inside = int(fig.layout.annotations[1].text.split("held-out check: ")[1].split(" of ")[0])
+    assert inside > 0  # the larger configurations' means fall inside the intervals predicted from the smaller ones
+
+
+def test_refusals_say_how_far_and_what_to_measure() -> None:
+    assert "3.5x the largest measured configuration (200)" in size_refusal(700, 200)
+    assert f"validated to {SIZE_REACH:g}x" in size_refusal(700, 200) and "up to 350 params first" in size_refusal(700, 200)
+    line = length_refusal(100, 40)
+    assert "2.5x the longest length measured (40)" in line and f"{int(100 / LENGTH_REACH)} epochs" in line
 
 
 @pytest.mark.slow

@@ -25,8 +25,11 @@ from explorer.dashboard.text import NO_INTERVALS, esc, interval_text, num
 from explorer.decisions import table
 from explorer.frame import trials_frame
 from explorer.identity import current_rows
+from explorer.posterior import at_length
+from explorer.space import widened
 from explorer.stats import LEVEL
-from explorer.study import load_study_spec
+from explorer.study import Study, load_study_spec
+from explorer.transfer import SIZE_REACH
 from explorer.units import format_count
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
@@ -101,14 +104,19 @@ def _answers_table(meta: dict[str, dict], stats: dict[str, pd.DataFrame]) -> str
     baseline: the answer each study gives at its budgets (explorer.decisions), beside the front."""
     body, columns = [], ["study"]
     for name, summary in stats.items():
-        said = answers(summary, meta[name])
-        if not said:
-            continue
-        metric, higher = metric_of(meta[name])
-        rows = table(said, summary.attrs["posterior"], metric, higher)
-        columns = ["study", *rows.columns]
-        body += ["<tr>" + _td("study", name) + "".join(_td(c, v) for c, v in row.items()) + "</tr>"
-                 for row in rows.to_dict("records")]
+        lengths = (meta[name].get("lengths") or [None]) if summary.attrs.get("epochs") else [None]
+        for epochs in lengths:  # a ladder: the answers at each length it trains
+            said = answers(summary, meta[name], epochs)
+            if not said:
+                continue
+            metric, higher = metric_of(meta[name])
+            post = summary.attrs["posterior"] if epochs is None else at_length(summary.attrs["full"], epochs)
+            rows = table(said, post, metric, higher)
+            if epochs is not None:
+                rows.insert(0, "epochs", epochs)
+            columns = ["study", *rows.columns]
+            body += ["<tr>" + _td("study", name) + "".join(_td(c, v) for c, v in row.items()) + "</tr>"
+                     for row in rows.to_dict("records")]
     if not body:
         return ""
     note = ("<p>At each budget: use the configuration named, within ε (points for an accuracy) of the best configuration "
@@ -238,6 +246,18 @@ def default_output(study_yaml: Path, names: Sequence[str]) -> Path:
     return root / "dashboards" / ("+".join(names) + ".html")
 
 
+def _lengths(study: Study, frame: pd.DataFrame) -> dict[str, Any]:
+    """The meta of a study's lengths (a ladder: the target, the rungs, each rung's epochs of compute) and
+    the splits past its space within SIZE_REACH of its largest measured configuration."""
+    budget = study.spec.budget
+    done = frame[frame["state"] == "COMPLETE"]
+    top = int(done["params"].max()) if len(done) and done["params"].notna().any() else 0
+    out: dict[str, Any] = {"outside": [(c.key, c.dims, c.params) for c in widened(study.space, int(SIZE_REACH * top))]} if top else {}
+    if len(budget.ladder) > 1:
+        out.update(epochs=study.target_epochs, lengths=budget.ladder, compute={e: budget.compute(e) for e in budget.ladder})
+    return out
+
+
 def render_studies(paths: Sequence[str | Path], out: Path | None = None) -> Path:
     """Render study YAMLs from their storages, read only (`explorer dashboard`); default: `default_output`."""
     frames, meta = {}, {}
@@ -256,5 +276,6 @@ def render_studies(paths: Sequence[str | Path], out: Path | None = None) -> Path
             "candidates": [(c.key, c.dims, c.params) for c in study.space.configs()],
             "budgets": study.budgets(),
             "decision": study.spec.decision,
+            **_lengths(study, frames[name]),
         }
     return render(frames, out or default_output(Path(paths[0]), list(frames)), meta)

@@ -14,6 +14,7 @@ import pandas as pd
 
 from explorer.decisions import Answer, DecisionSpec, answer, distinct
 from explorer.pareto import DEFAULT_OBJECTIVES
+from explorer.posterior import at_length
 from explorer.stats import summarize
 
 
@@ -67,6 +68,11 @@ def _study_objectives(meta: dict[str, Any], df: pd.DataFrame) -> list[tuple[str,
     return objs
 
 
+def length_options(meta: dict[str, Any]) -> dict[str, Any]:
+    """What `summarize` needs of a study that trains several lengths (`meta["epochs"]`, `lengths`, `compute`)."""
+    return {k: meta[k] for k in ("epochs", "lengths", "compute") if meta.get(k)}
+
+
 def summaries(frames: dict[str, pd.DataFrame], meta: dict[str, dict]) -> dict[str, pd.DataFrame]:
     """Each study's `stats.summarize` table (one row per configuration): what the front, the heatmap,
     the learning curves, the summary and the tables read; raw trials are never averaged here."""
@@ -75,7 +81,7 @@ def summaries(frames: dict[str, pd.DataFrame], meta: dict[str, dict]) -> dict[st
         metric, _ = metric_of(meta[name])
         done = completed(df, metric) if metric in df else df.iloc[0:0]
         out[name] = (summarize(done, metric, _study_objectives(meta[name], df), first_seed=first_seed(meta[name]),
-                               candidates=meta[name].get("candidates") or ())
+                               candidates=meta[name].get("candidates") or (), **length_options(meta[name]))
                      if len(done) else pd.DataFrame())
     return out
 
@@ -85,12 +91,13 @@ def is_replicated(summary: pd.DataFrame) -> bool:
     return bool(len(summary)) and bool((summary["n"] > 1).any())
 
 
-def answers(summary: pd.DataFrame, meta: dict[str, Any]) -> list[tuple[list[int], Answer]]:
+def answers(summary: pd.DataFrame, meta: dict[str, Any], epochs: int | None = None) -> list[tuple[list[int], Answer]]:
     """The study's answer at each of its budgets (`meta["budgets"]`, else the decision defaults over its
-    configurations), budgets holding the same configurations once, from the summary's posterior."""
+    configurations), budgets holding the same configurations once, from the summary's posterior (read at
+    `epochs` where the study trains several lengths; default the summary's own)."""
     if not len(summary):
         return []
-    post = summary.attrs["posterior"]
+    post = summary.attrs["posterior"] if epochs is None else at_length(summary.attrs["full"], epochs)
     decision = meta.get("decision") or DecisionSpec()
     _, higher = metric_of(meta)
     budgets = meta.get("budgets") or decision.budget_list([int(p) for p in post.params])
