@@ -51,13 +51,14 @@ def test_the_package_map_names_every_module_of_the_study() -> None:
             assert f"`{module.name}`" in doc, module.name
 
 
-def imports_of(path: Path, modules: set[str]) -> set[str]:
+def imports_of(path: Path, modules: set[str], typing: bool = False) -> set[str]:
     """The explorer modules `path` imports at run time (at the top or inside functions), with the packages
-    that importing them runs first; imports that serve type checking alone (`if TYPE_CHECKING:`) are no
-    dependency, nor is the top package `explorer` (its `__init__` imports nothing eagerly)."""
+    that importing them runs first; imports that serve type checking alone (`if TYPE_CHECKING:`) count only
+    with `typing`, and the top package `explorer` never does (its `__init__` imports nothing eagerly)."""
     tree = ast.parse(path.read_text())
-    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-                   for child in node.body for n in ast.walk(child)}
+    typing_only = set() if typing else {
+        id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for child in node.body for n in ast.walk(child)}
     package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
     out = set()
     for node in ast.walk(tree):
@@ -82,13 +83,13 @@ def parents(module: str) -> set[str]:
     return {".".join(parts[:i]) for i in range(1, len(parts))}
 
 
-def module_graph() -> dict[str, set[str]]:
+def module_graph(typing: bool = False) -> dict[str, set[str]]:
     def name(p: Path) -> str:
         parts = p.relative_to(ROOT).with_suffix("").parts
         return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
     files = {name(p): p for p in python_files(PACKAGE)}
-    return {m: imports_of(p, set(files)) - {m} for m, p in files.items()}
+    return {m: imports_of(p, set(files), typing) - {m} for m, p in files.items()}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -127,6 +128,14 @@ def test_the_package_imports_form_no_cycle() -> None:
     """Every module imports only downward (DESIGN.md): no circle of modules importing each other,
     counting imports inside functions too."""
     assert cycles(module_graph()) == []
+
+
+def test_no_circle_even_through_imports_for_type_checking() -> None:
+    """Issue 34: a module that names another's class for its types depends on it too. `study/spec.py` built
+    the jobs that took its `Study` back as a type, and `families/_transformer.py` took its dims from the
+    families that build it; now the spec is data below its jobs (a composition root, `study/root.py`,
+    above them) and the dims live in `families/_dims.py` below both."""
+    assert cycles(module_graph(typing=True)) == []
 
 
 def test_the_cycle_finder_finds_a_circle() -> None:

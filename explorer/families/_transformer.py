@@ -11,18 +11,12 @@ a configuration without building it, or importing torch; tests check the two aga
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from explorer.families._counts import Act, BlockDims, check_heads
-
-if TYPE_CHECKING:
-    from explorer.families.image import ImageDims
-    from explorer.families.lm import LMDims
-    from explorer.families.sequence import SequenceDims
+from explorer.families._dims import ImageDims, LMDims, SequenceDims
 
 
 class Attention(nn.Module):

@@ -5,33 +5,14 @@ Counted in closed form without torch; `build` imports the model (`_transformer.I
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
-
-from pydantic import Field, model_validator
+from typing import TYPE_CHECKING
 
 from explorer.families import Family, register
-from explorer.families._counts import BlockDims, block_flops, block_params, linear_params, norm_params
+from explorer.families._counts import block_flops, block_params, linear_params, norm_params
+from explorer.families._dims import ImageDims
 
 if TYPE_CHECKING:
     from torch import nn
-
-
-class ImageDims(BlockDims):
-    img_size: int = Field(32, ge=1)
-    patch: int = Field(4, ge=1)
-    in_chans: int = Field(3, ge=1)
-    num_classes: int = Field(10, ge=1)
-    pool: Literal["cls", "mean"] = "cls"
-
-    @model_validator(mode="after")
-    def _patch_fits(self) -> "ImageDims":
-        if self.img_size % self.patch:
-            raise ValueError(f"patch {self.patch} must divide img_size {self.img_size}")
-        return self
-
-    def tokens(self) -> int:
-        """Positions the blocks see: one per patch, and the class token."""
-        return (self.img_size // self.patch) ** 2 + (self.pool == "cls")
 
 
 @register

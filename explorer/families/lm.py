@@ -7,19 +7,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pydantic import Field
-
 from explorer.families import Family, register
-from explorer.families._counts import BlockDims, block_flops, block_params, norm_params
+from explorer.families._counts import block_flops, block_params, norm_params
+from explorer.families._dims import LMDims
 
 if TYPE_CHECKING:
     from torch import nn
-
-
-class LMDims(BlockDims):
-    vocab: int = Field(256, ge=2)
-    seq_len: int = Field(256, ge=1)
-    tie_weights: bool = True
 
 
 @register

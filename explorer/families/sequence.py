@@ -5,40 +5,14 @@ Counted in closed form without torch; `build` imports the model (`_transformer.S
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
-
-from pydantic import Field
+from typing import TYPE_CHECKING
 
 from explorer.families import Family, register
-from explorer.families._counts import Act, BlockDims, block_flops, block_params, linear_params, norm_params
+from explorer.families._counts import block_flops, block_params, linear_params, norm_params
+from explorer.families._dims import CrammedBertDims, SequenceDims
 
 if TYPE_CHECKING:
     from torch import nn
-
-
-class SequenceDims(BlockDims):
-    vocab: int = Field(256, ge=2)
-    seq_len: int = Field(512, ge=1)
-    num_classes: int = Field(10, ge=1)
-    pool: Literal["cls", "mean"] = "cls"
-
-    def tokens(self) -> int:
-        """Positions the blocks see: seq_len, and the class token."""
-        return self.seq_len + (self.pool == "cls")
-
-
-class CrammedBertDims(SequenceDims):
-    """Crammed BERT (Geiping & Goldstein 2023): hidden 768, GLU MLP 3072, no biases, vocab 32768."""
-
-    layers: int = Field(16, ge=1)
-    heads: int = Field(12, ge=1)
-    width: int = Field(768, ge=1)
-    mlp: int = Field(3072, ge=1)
-    act: Act = "glu"
-    bias: bool = False
-    vocab: int = Field(32768, ge=2)
-    seq_len: int = Field(128, ge=1)
-    num_classes: int = Field(2, ge=1)
 
 
 def _params(d: SequenceDims) -> int:

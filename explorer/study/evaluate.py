@@ -25,18 +25,19 @@ from explorer.faults import Fault, classify
 from explorer.identity import CLASS, current_key, execution_class, is_current
 from explorer.space import Config
 from explorer.seedbatch import NotBatchable, run_seeds
-from explorer.study.read import peers
+from explorer.study.read import Reads, peers
 from explorer.optuna_compat import storage_of, trial_storage_id
 from explorer.train import TrialResult, run_trial
 from explorer.watchdog import time_limit
 
 if TYPE_CHECKING:
-    from explorer.study.spec import Study
+    from explorer.study.spec import ResolvedStudy
 
 
 class Evaluator:
-    def __init__(self, study: Study):
+    def __init__(self, study: ResolvedStudy, reads: Reads):
         self.study = study
+        self.reads = reads
         self._sampling = threading.Lock()  # trials in threads sample one at a time, each seeing the other's proposal
         self.execution: str | None = None  # the class this run trains under (explorer.executors.devices.settle_class)
 
@@ -176,7 +177,7 @@ class Evaluator:
         peers, the frame, recommendation, dashboard) skips it by its `duplicate_of` attr. Both
         executors answer duplicates here.
         """
-        seen = self.study.reads.completed(ostudy).get((cfg.key, self.study.seed_of(trial), self.study.length_of(trial)))
+        seen = self.reads.completed(ostudy).get((cfg.key, self.study.seed_of(trial), self.study.length_of(trial)))
         if seen is None:
             return None
         trial.set_user_attr("config", cfg.dims)

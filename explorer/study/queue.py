@@ -13,6 +13,7 @@ import os
 import random
 import socket
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,11 +26,13 @@ from explorer.optuna_compat import storage_of, trial_storage_id
 from explorer.posterior import split_row
 from explorer.pruning import come_back
 from explorer.replicates import wanted
-from explorer.study.read import counts, is_measured, runs_regardless
+from explorer.study.read import Reads, counts, is_measured, runs_regardless
+from explorer.study.storage import Store
 
 if TYPE_CHECKING:
     from explorer.space import Config
-    from explorer.study.spec import Study
+    from explorer.study.evaluate import Evaluator
+    from explorer.study.spec import ResolvedStudy
 
 MAX_WORKER_DEATHS = 5  # a grid configuration whose trial died with its worker this often is not queued again
 MAX_DUPLICATE_RUN = 200  # the sampler proposed only measured configurations this often in a row: the study stops
@@ -50,8 +53,11 @@ def run(study: Study, t: optuna.trial.FrozenTrial) -> tuple[Any, int, int]:
 
 
 class Queue:
-    def __init__(self, study: Study):
-        self.study = study
+    """What runs next, decided under `store`'s lock; `evaluator` gives the trial evaluator (made on first use:
+    it imports torch), whose `suggest` turns a claimed trial into its configuration."""
+
+    def __init__(self, study: ResolvedStudy, store: Store, reads: Reads, evaluator: Callable[[], Evaluator]):
+        self.study, self.store, self.reads, self._evaluator = study, store, reads, evaluator
 
     def claim(self, ostudy: optuna.Study) -> tuple[optuna.Trial, Config] | None:
         """Start the next trial this worker may run, with its configuration; None when none may start now.
@@ -63,7 +69,7 @@ class Queue:
         and as many others as `n_trials` still admits; then a new proposal, unless the study is a grid
         (its queue is all it runs).
         """
-        with self.study.store.lock():
+        with self.store.lock():
             trials = current_trials(ostudy)
             slots = self.to_measure(ostudy, trials) - sum(t.state == _RUNNING and not runs_regardless(t) for t in trials)
             waiting = sorted((t for t in trials if t.state == _WAITING), key=lambda t: t.number)
@@ -77,7 +83,7 @@ class Queue:
                     return None
                 with warnings.catch_warnings(action="ignore", category=UserWarning):  # "heartbeat ... with optimize": we beat ourselves
                     trial = ostudy.ask()
-            cfg = self.study.evaluator.suggest(trial)
+            cfg = self._evaluator().suggest(trial)
             trial.set_user_attr("worker", WORKER)  # who took it: `status` and a post-mortem can say
             return trial, cfg
 
@@ -89,7 +95,7 @@ class Queue:
         study = self.study
         if study.spec.sampler.name != "grid":
             return []
-        with study.store.lock():
+        with self.store.lock():
             taken = {arch(t) for t in current_trials(ostudy)}
             free = study.space.free_dims
             ordered = [study.keys[i] for i in spread_order([[cfg.dims[d] for d in free] for cfg in study.configs.values()])]
@@ -100,7 +106,7 @@ class Queue:
 
     def waiting(self, ostudy: optuna.Study) -> int:
         """Queued trials not yet taken by any worker, after failing and queueing again the work of dead workers."""
-        self.study.store.repair(ostudy)
+        self.store.repair(ostudy)
         self.requeue_dead(ostudy)
         return len(current_trials(ostudy, states=(_WAITING,)))
 
@@ -113,7 +119,7 @@ class Queue:
         kernel's OOM killer, say) is left failed; interrupts do not count, nor faults (a fault past
         `executor.max_failures` fails by itself: explorer.faults).
         """
-        with self.study.store.lock():
+        with self.store.lock():
             dead: dict[tuple[str, int, int], list[optuna.trial.FrozenTrial]] = {}
             alive: set[tuple[str, int, int]] = set()
             for t in current_trials(ostudy):
@@ -136,7 +142,7 @@ class Queue:
     def reclaim_running(self, ostudy: optuna.Study) -> list[int]:
         """Fail RUNNING trials and queue them again, now (`resume --reclaim`, no other worker alive):
         otherwise heartbeats do this after the grace period."""
-        with self.study.store.lock():
+        with self.store.lock():
             numbers = []
             for t in current_trials(ostudy, states=(_RUNNING,)):
                 ostudy.tell(t.number, state=_FAIL)
@@ -148,7 +154,7 @@ class Queue:
         """Queue again, at its seed, every (configuration, seed) whose trials all failed by themselves (a
         NaN loss, a bad learning rate): after the cause is fixed, `run --retry-failed` measures them.
         Trials whose worker died are retried by themselves and are not touched here."""
-        with self.study.store.lock():
+        with self.store.lock():
             failed: dict[tuple[str, int, int], optuna.trial.FrozenTrial] = {}
             settled: set[tuple[str, int, int]] = set()
             for t in current_trials(ostudy):
@@ -172,18 +178,18 @@ class Queue:
         given up). `fixed` queues every missing seed of each measured configuration; `adaptive` and
         `decide` one more seed per uncertain configuration, in rounds, once nothing is queued or running.
         """
-        with self.study.store.lock():
+        with self.store.lock():
             self.requeue_dead(ostudy)
             _bring_back_pruned(self.study, ostudy)
             more = len(self.study.seeds) > 1 or len(self.study.spec.budget.ladder) > 1  # more seeds, or longer runs
-            return _queue_replicates(self.study, ostudy, self.study.seeds) if more else []
+            return _queue_replicates(self, ostudy, self.study.seeds) if more else []
 
     def verification(self, ostudy: optuna.Study, keys: list[str]) -> list[str]:
         """Queue configurations `recommend --verify` asks for; they run even once `n_trials` is reached.
 
         A configuration already measured is not queued; one waiting in a grid's queue is marked.
         """
-        with self.study.store.lock():
+        with self.store.lock():
             taken = {arch(t): t for t in current_trials(ostudy)}
             queued = []
             for key in keys:
@@ -226,12 +232,12 @@ class Queue:
         return 0 if self.stalled(ostudy) else min(max(0, self.study.spec.n_trials - len(counted)), unmeasured)
 
 
-def enqueue(study: Study, ostudy: optuna.Study, params: dict[str, Any], **attrs: Any) -> None:
+def enqueue(study: ResolvedStudy, ostudy: optuna.Study, params: dict[str, Any], **attrs: Any) -> None:
     """Queue a trial, marked with the question it answers (explorer.identity) and the worker that queued it."""
     ostudy.enqueue_trial(params, user_attrs={"identity": study.identity_key, "queued_by": WORKER, **attrs})
 
 
-def _bring_back_pruned(study: Study, ostudy: optuna.Study) -> list[str]:
+def _bring_back_pruned(study: ResolvedStudy, ostudy: optuna.Study) -> list[str]:
     """Queue once more each pruned, never completed configuration that the pruner would no longer stop
     given the complete trials stored now (explorer.pruning.come_back): a pruned configuration is not
     buried for good when the evidence against it weakens. Each comes back once."""
@@ -247,10 +253,11 @@ def _bring_back_pruned(study: Study, ostudy: optuna.Study) -> list[str]:
     return keys
 
 
-def _queue_replicates(study: Study, ostudy: optuna.Study, seeds: list[int]) -> list[tuple[str, int]]:
+def _queue_replicates(queue: Queue, ostudy: optuna.Study, seeds: list[int]) -> list[tuple[str, int]]:
+    study = queue.study
     trials = current_trials(ostudy)
     adaptive = study.spec.replicates.policy != "fixed"  # adaptive and decide: one seed more per round
-    if adaptive and (any(t.state in (_WAITING, _RUNNING) for t in trials) or study.queue.to_measure(ostudy, trials) > 0):
+    if adaptive and (any(t.state in (_WAITING, _RUNNING) for t in trials) or queue.to_measure(ostudy, trials) > 0):
         return []
     budget = study.spec.budget
     taken: dict[tuple[str, int], set[int]] = {}  # (configuration, length): seeds with a run that measures it
@@ -259,7 +266,7 @@ def _queue_replicates(study: Study, ostudy: optuna.Study, seeds: list[int]) -> l
         for rung in [r for r in budget.ladder if r <= length] if budget.lr_schedule == "wsd" else [length]:
             taken.setdefault((key, rung), set()).add(seed)
     queued = []
-    summary = study.reads.summary(ostudy, draws=None if study.spec.replicates.policy == "adaptive" else 0)
+    summary = queue.reads.summary(ostudy, draws=None if study.spec.replicates.policy == "adaptive" else 0)
     for row in wanted(summary, len(seeds), study.spec.replicates, budgets=study.budgets(), decision=study.spec.decision,
                       baseline=study.space.baseline.key if study.space.baseline is not None else None):
         key, length = split_row(row)

@@ -20,7 +20,7 @@ from explorer.pruning import Peer
 from explorer.stats import summarize
 
 if TYPE_CHECKING:
-    from explorer.study.spec import Study
+    from explorer.study.spec import ResolvedStudy
 
 _COMPLETE, _PRUNED, _FAIL = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL
 
@@ -61,7 +61,7 @@ def peers(trials: list[optuna.trial.FrozenTrial], number: int) -> list[Peer]:
 class Reads:
     """Counts and summaries of one study's stored trials."""
 
-    def __init__(self, study: Study):
+    def __init__(self, study: ResolvedStudy):
         self.study = study
 
     def finished(self, ostudy: optuna.Study) -> int:

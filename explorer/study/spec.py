@@ -1,8 +1,9 @@
-"""What a study is: its YAML (`StudySpec`, field for field) resolved against its files (`Study`), and the
-identity that says which question its stored trials answer.
+"""What a study is: its YAML (`StudySpec`, field for field) resolved against its files (`ResolvedStudy`),
+and the identity that says which question its stored trials answer.
 
-This module reads files and builds objects; it never opens a storage nor trains (storage.py, queue.py,
-evaluate.py and read.py do, each handed this `Study`).
+This module reads files and builds objects; it never opens a storage nor trains, and imports none of the
+jobs done on a study (storage.py, queue.py, evaluate.py and read.py do them, each handed a `ResolvedStudy`;
+root.py composes them into `Study`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import re
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Self
 
 import optuna
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -25,10 +26,6 @@ from explorer.replicates import ReplicateSpec
 from explorer.sampling import BudgetSampler, Encoding, FeasibleSampler, encoding_of
 from explorer.space import Config, SearchSpace, SpaceSpec, load_space
 from explorer.tasks import Task, get_task
-from explorer.yamlio import load_model
-
-if TYPE_CHECKING:
-    from explorer.study.evaluate import Evaluator
 
 OBJECTIVE_NAMES = ("params", "flops", "train_time_s")  # besides the task's metrics
 _OBJECTIVE = re.compile(r"^(maximize|minimize)\s+(\w+)$")
@@ -142,12 +139,10 @@ class StudySpec(BaseModel):
         return value
 
 
-class Study:
-    """A study spec resolved against its files (space, task, objectives), and the jobs done on it.
-
-    The jobs live in their own modules, each handed this object: `store` (storage.py: open, identity,
-    heartbeat repair), `queue` (queue.py: what runs next), `evaluator` (evaluate.py: one trial) and
-    `reads` (read.py: counts and summaries of the stored trials).
+class ResolvedStudy:
+    """A study spec resolved against its files (space, task, objectives), and what follows from it alone:
+    paths, identity, configurations, seeds, sampler, pruner. Data for the jobs done on it (root.py's
+    `Study` adds them), which each import this module and never the other way round.
     """
 
     def __init__(self, spec: StudySpec, source: Path, space: SearchSpace | None = None):
@@ -162,21 +157,6 @@ class Study:
         self.objectives: list[Objective] = spec.objectives or self._default_objectives()
         self._check_objectives()
         self._check_task_fits_space()
-        from explorer.study.queue import Queue
-        from explorer.study.read import Reads
-        from explorer.study.storage import Store
-
-        self.store = Store(self)
-        self.queue = Queue(self)
-        self.reads = Reads(self)
-
-    @cached_property
-    def evaluator(self) -> Evaluator:
-        """evaluate.py's job, made on first use: it imports torch, which reading a study never needs (an
-        executor takes it in its main thread, settling the run's class, before any trial thread starts)."""
-        from explorer.study.evaluate import Evaluator
-
-        return Evaluator(self)
 
     def to_data(self) -> dict[str, Any]:
         """The resolved study as plain data, for machines that do not have its files (Ray worker nodes)."""
@@ -184,19 +164,11 @@ class Study:
                 "space": self.space.to_dict(), "space_source": self.space.source}
 
     @classmethod
-    def from_data(cls, data: dict[str, Any]) -> Study:
+    def from_data(cls, data: dict[str, Any]) -> Self:
         """The study `to_data` described, rebuilt without reading its YAML files; relative paths in it
         (task data, storage) still resolve against the original study's folder."""
         space = SearchSpace(SpaceSpec.model_validate(data["space"]), data["space_source"])
         return cls(StudySpec.model_validate(data["spec"]), Path(data["source"]), space)
-
-    def open(self, *, create: bool = True, force: bool = False) -> optuna.Study:
-        """The Optuna study, to run it (`Store.open`)."""
-        return self.store.open(create=create, force=force)
-
-    def read(self) -> optuna.Study:
-        """The stored Optuna study, to read only (`Store.read`)."""
-        return self.store.read()
 
     # -- resolution and validation --------------------------------------------------------------
     def path(self, value: str, field: str, must_exist: bool = True) -> Path:
@@ -229,16 +201,6 @@ class Study:
             if key in sample and sample[key] != value:
                 raise ExplorerError(f"task {self.task.name} gives {key}={value} but space {self.space.name} has {key}={sample[key]}",
                                     source=str(self.source), field="task")
-
-    def paths(self) -> dict[str, str]:
-        """Every place on disk this study reads or writes, resolved: `explorer run` states them."""
-        out = {"study": str(self.source.resolve()), "space": str(Path(self.space.source).resolve())}
-        for key in ("root", "path"):
-            if isinstance(self.spec.task.get(key), str):
-                out[f"task.{key}"] = str(self.path(self.spec.task[key], f"task.{key}", must_exist=False).resolve())
-        out["storage"] = self.store.shown_location()
-        out["checkpoints"] = str(self.checkpoint_root.resolve())
-        return out
 
     @property
     def checkpoint_root(self) -> Path:
@@ -330,7 +292,3 @@ class Study:
         return BinnedPruner(p.name, self.task.higher_is_better, edges, p.warmup_epochs, p.startup_trials, p.reduction_factor,
                             p.margin, self.entry_epochs, p.noise)
 
-
-def load_study_spec(path: str | Path) -> Study:
-    """Load a study YAML and everything it names; every error names the file and the field."""
-    return Study(load_model(StudySpec, path), Path(path))

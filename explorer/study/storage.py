@@ -10,7 +10,8 @@ import warnings
 from contextlib import nullcontext
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import optuna
 import sqlalchemy
@@ -23,17 +24,19 @@ from explorer.study.lock import StudyLock
 from explorer.study.sqlite import SQLiteStorage
 
 if TYPE_CHECKING:
-    from explorer.study.spec import Study
+    from explorer.study.spec import ResolvedStudy
 
 # what a failing storage raises: SQLAlchemy (RDB), Optuna's wrapper of it, OS errors (journal file)
 STORAGE_ERRORS = (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, OSError)
 
 
 class Store:
-    """A study's Optuna storage: where it is, opening it to run or to read, its identity."""
+    """A study's Optuna storage: where it is, opening it to run or to read, its identity. `grid` queues a
+    grid study's configurations (the queue's job), called under the lock as the identity is recorded."""
 
-    def __init__(self, study: Study):
+    def __init__(self, study: ResolvedStudy, grid: Callable[[optuna.Study], Any]):
         self.study = study
+        self.grid = grid
         self._observed = Observed()  # this process's clock on trials that show no sign of life
 
     @cached_property
@@ -178,7 +181,7 @@ class Store:
         if stored is None:
             if [d.name.lower() for d in ostudy.directions] != [o.direction for o in study.objectives]:
                 raise ExplorerError("the stored study has other objectives", source=str(study.source), field="objectives")
-            study.queue.grid(ostudy)
+            self.grid(ostudy)
             ostudy.set_metric_names([o.name for o in study.objectives])  # optuna-dashboard and optuna.visualization label them
             for key, value in {**identity, "encoding": study.encoding().name, "spec": study.spec.model_dump(mode="json"),
                                "space": study.space.to_dict(),
@@ -198,7 +201,7 @@ class Store:
                 ostudy.set_user_attr("legacy_identity", identity_key(stored))
             ostudy.set_user_attr("identity", identity)
             ostudy.set_metric_names([o.name for o in study.objectives])
-            study.queue.grid(ostudy)  # a forced new space: queue its configurations no trial has taken
+            self.grid(ostudy)  # a forced new space: queue its configurations no trial has taken
 
     def repair(self, ostudy: optuna.Study) -> None:
         """Fail the RUNNING trials of dead workers (explorer.study.liveness); the queue queues them again."""
