@@ -25,6 +25,7 @@ from explorer.replicates import ReplicateSpec
 from explorer.sampling import BudgetSampler, Encoding, FeasibleSampler, encoding_of
 from explorer.space import Config, SearchSpace, SpaceSpec, load_space
 from explorer.tasks import Task, get_task
+from explorer.tracking.spec import TrackingSpec
 from explorer.yamlio import load_model
 
 if TYPE_CHECKING:
@@ -116,6 +117,7 @@ class StudySpec(BaseModel):
     heartbeat_s: int = Field(5, ge=1)
     trial_timeout_s: float | None = Field(None, gt=0)  # wall-clock limit of one trial (explorer.watchdog)
     executor: ExecutorSpec = ExecutorSpec()
+    tracking: TrackingSpec = TrackingSpec()  # trackers that receive the trials (explorer.tracking): none by default
 
     @field_validator("objectives", mode="before")
     @classmethod
