@@ -340,6 +340,14 @@ def dashboard(studies: list[str | Path], out: str | Path | None = None) -> Path:
     return render_studies([Path(p) for p in studies], Path(out) if out is not None else None)
 
 
+def serve(studies: list[str | Path], host: str = "127.0.0.1", port: int = 8050, every: float = 5.0,
+          on_ready: Callable[[str], None] | None = None) -> None:
+    """The dashboard served live at http://host:port until Ctrl-C, updating in the open page (explorer.dashboard.live)."""
+    from explorer.dashboard.live import serve
+
+    serve([Path(p) for p in studies], host, port, every, on_ready)
+
+
 def executor_names() -> tuple[str, ...]:
     """The names a study's `executor.name` takes (the command line checks `--executor` against them)."""
     from explorer.study import ExecutorSpec

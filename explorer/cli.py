@@ -308,13 +308,18 @@ def dashboard(
     studies: Annotated[list[Path], typer.Argument(help="one or more study YAMLs (several: compared on one front)")],
     out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="default: dashboards/<name>.html beside the studies/ folder, or beside the study YAML")] = None,
     watch: Annotated[bool, typer.Option(help="re-render every few seconds while a study runs")] = False,
-    every: Annotated[float, typer.Option(help="seconds between renders with --watch")] = 5.0,
+    every: Annotated[float, typer.Option(help="seconds between renders with --watch, between the live page's updates with --serve")] = 5.0,
+    serve: Annotated[bool, typer.Option(help="serve the report on http://HOST:PORT instead: the open page follows the studies live")] = False,
+    host: Annotated[str, typer.Option(help="with --serve: the address to listen on (0.0.0.0: every interface)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="with --serve: the port to listen on (0: a free one)")] = 8050,
 ) -> None:
-    """Write one self-contained HTML dashboard (plotly, opens offline); reads the storages, never writes them."""
+    """Write one self-contained HTML dashboard (plotly, opens offline), or serve it live; reads the storages, never writes them."""
     from explorer import api
 
     for path in studies:
         _read(path)  # says if a YAML changed since its study was made
+    if serve:  # until Ctrl-C
+        return api.serve(studies, host, port, every, lambda url: out.print(f"dashboard: {url} (live; Ctrl-C stops it)", markup=False))
     out.print(f"dashboard: {api.dashboard(studies, out_path)}")
     while watch:
         time.sleep(every)
