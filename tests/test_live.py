@@ -231,6 +231,9 @@ def test_a_running_trials_new_epoch_appears_in_the_open_page_without_a_reload(tm
               "the finished trial in the report's tables")
         assert browser.js("window.explorerMark") == "the same page" and browser.js("document.documentElement.dataset.errors") is None
         assert browser.js("document.getElementById('fig-front').data.length") > 0  # the front redrawn in place, with it
+        browser.js("document.querySelectorAll('#trials th')[1].click()")  # the replaced table sorts by its own column
+        assert browser.js("document.querySelector('#trials th[data-dir]').textContent") == "number"
+        assert browser.js("document.documentElement.dataset.errors") is None
     finally:
         for gate in go:
             gate.set()
