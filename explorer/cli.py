@@ -206,7 +206,7 @@ def run(
     force: Annotated[bool, typer.Option(help="continue a stored study even if its space/task/budget changed")] = False,
     retry_failed: Annotated[bool, typer.Option(help="queue again the configurations whose trials failed (after fixing the cause)")] = False,
     dashboard: Annotated[bool, typer.Option(help="write the dashboard when done")] = True,
-    tracking: Annotated[list[str], typer.Option(help="mlflow, tensorboard, mlflow=URI, tensorboard=DIR or none (repeatable; over the YAML's tracking:)")] = [],
+    tracking: Annotated[list[str], typer.Option(metavar="NAME[=WHERE]", help="mlflow, tensorboard, mlflow=URI, tensorboard=DIR or none (repeatable; over the YAML's tracking:)")] = [],
 ) -> None:
     """Run a study (create it, or continue the stored one) until it has n_trials finished trials."""
     _run(study, resume=False, force=force, executor=executor, address=address, device=device, reclaim=False, retry_failed=retry_failed, dashboard=dashboard, tracking=tracking)
@@ -222,7 +222,7 @@ def resume(
     force: Annotated[bool, typer.Option(help="continue a stored study even if its space/task/budget changed")] = False,
     retry_failed: Annotated[bool, typer.Option(help="queue again the configurations whose trials failed (after fixing the cause)")] = False,
     dashboard: Annotated[bool, typer.Option(help="write the dashboard when done")] = True,
-    tracking: Annotated[list[str], typer.Option(help="mlflow, tensorboard, mlflow=URI, tensorboard=DIR or none (repeatable; over the YAML's tracking:)")] = [],
+    tracking: Annotated[list[str], typer.Option(metavar="NAME[=WHERE]", help="mlflow, tensorboard, mlflow=URI, tensorboard=DIR or none (repeatable; over the YAML's tracking:)")] = [],
 ) -> None:
     """Continue a stored study; trials a dead worker left running are re-run, finished ones kept."""
     _run(study, resume=True, force=force, executor=executor, address=address, device=device, reclaim=reclaim, retry_failed=retry_failed, dashboard=dashboard, tracking=tracking)
