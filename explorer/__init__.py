@@ -13,13 +13,14 @@ The map, in the order a study flows:
     study/queue.py                   what runs next: grid, replicates, verification, retries
     study/evaluate.py -> train.py    one trial: configuration, training run, record, pruning
     executors/                       where trials run: local threads or Ray Tune
+    tracking/                        the trials as runs in MLflow and TensorBoard, fed by the executors (opt-in)
     identity.py                      which stored trials answer the study's current question
     study/read.py, frame.py, stats.py  the read side: measurements, counts, per-configuration statistics
     pareto.py, decisions.py          fronts; non-inferior / beats / equivalent / undecided at a budget
     noise.py, gp.py, posterior.py    the one posterior over configurations and lengths
     recommend.py, transfer.py        the answer for a budget at a length, inside and past the space; how far it carries
     learning.py                      whether the runs were still learning when they stopped
-    dashboard/                       the offline HTML report (reading, text, plots, extrapolation, page)
+    dashboard/                       the offline HTML report (reading, text, plots, extrapolation, page) and its live server
     api.py <- cli.py                 the Python API, and the `explorer` command over it
 """
 

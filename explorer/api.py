@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import typing
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,31 +71,33 @@ class Experiment:
     def run(self, *, executor: str | None = None, address: str | None = None, device: str | None = None,
             force: bool = False, resume: bool = False, reclaim: bool = False, retry_failed: bool = False,
             on_start: Callable[[Started], None] | None = None, on_trial: TrialCallback | None = None,
-            verbose: bool = False) -> Experiment:
+            verbose: bool = False, tracking: Sequence[str] = ()) -> Experiment:
         """Create the study or continue the stored one until it has `n_trials` finished trials.
 
-        `executor` ("local" or "ray"), `address` (a Ray cluster) and `device` (auto, cpu, cuda: resolved before
-        the storage opens) override the spec; `force` continues a stored study whose space, task, budget or
-        execution class changed; `resume` requires the study to exist; `reclaim` fails and re-queues trials left RUNNING (no other worker alive);
-        `retry_failed` queues again every configuration whose trials all failed by themselves;
-        `on_start(started)` runs once the storage is open, `on_trial(study, trial)` after each trial.
-        Optuna's own log lines show only with `verbose`. A KeyboardInterrupt propagates once every
-        finished trial is stored.
+        `executor` ("local", "ray"), `address` (a Ray cluster), `device` (auto, cpu, cuda: resolved before the storage
+        opens) and `tracking` (mlflow, tensorboard, NAME=URI or DIR, none: explorer.tracking) override the spec; `force`
+        continues a study whose space, task, budget or execution class changed; `resume` requires it to exist; `reclaim`
+        fails and re-queues trials left RUNNING (no other worker alive); `retry_failed` queues again every configuration
+        whose trials all failed by themselves; `on_start(started)` runs once the storage is open, `on_trial(study, trial)`
+        after each trial. Optuna's log lines show only with `verbose`. A KeyboardInterrupt propagates once every finished
+        trial is stored.
         """
         from explorer.executors import get_executor
+        from explorer.tracking.feed import tracked
 
         study = self.study
-        _override(study, name=executor, address=address, device=device)
+        _override(study, tracking, name=executor, address=address, device=device)
         with quiet(verbose):
             (runner := get_executor(study.spec.executor.name)).prepare(study)  # devices that cannot be had: nothing written
             ostudy = study.open(create=not resume, force=force)
             execution = runner.settle(study, ostudy, force)
             reclaimed = study.queue.reclaim_running(ostudy) if reclaim else []
             retried = study.queue.retry_failed(ostudy) if retry_failed else []
-            if on_start is not None:
-                on_start(Started(ostudy, reclaimed, retried, _grid_note(study), execution.line(study.spec.budget.bf16)))
-            self._ran = ostudy
-            runner.run(study, ostudy, on_trial)
+            with tracked(study, ostudy, self.status) as feed:  # trackers, fed from this process (on Ray: the driver)
+                if on_start is not None:
+                    on_start(Started(ostudy, reclaimed, retried, study.queue.grid_note(), execution.line(study.spec.budget.bf16), feed.line))
+                self._ran = ostudy
+                runner.run(study, ostudy, feed.chained(on_trial), feed.on_epoch)
         return self
 
     def stalled(self) -> str | None:
@@ -230,20 +232,12 @@ class Experiment:
         return dashboard([self.study.source], out)
 
 
-def _grid_note(study: Study) -> str | None:
-    """What a grid study that trains only a prefix of its grid says when it starts."""
-    spec, size = study.spec, len(study.configs)
-    if spec.sampler.name != "grid" or spec.n_trials >= size:
-        return None
-    return (f"grid of {size} configurations, n_trials {spec.n_trials}: trains {spec.n_trials} spread over the grid "
-            "(its queue is in farthest-point order); raise n_trials to run the rest")
-
-
-def _override(study: Study, **executor: str | None) -> None:
-    """`run`'s executor fields (those not None: name, address, device) over the spec's, validated as the YAML's would be."""
+def _override(study: Study, tracking: Sequence[str] = (), **executor: str | None) -> None:
+    """`run`'s executor fields (those not None: name, address, device) and `--tracking` over the spec's, validated as the YAML's would be."""
     from explorer.study import ExecutorSpec
 
     spec, changes = study.spec, {k: v for k, v in executor.items() if v is not None}
+    spec.tracking = spec.tracking.with_flags(tracking)
     if changes:
         try:
             spec.executor = ExecutorSpec.model_validate({**spec.executor.model_dump(), **changes})
@@ -297,6 +291,7 @@ class Started:
     retried: list[str]  # failed configurations queued again (`retry_failed`)
     grid_note: str | None  # a grid study that trains only a prefix of its grid says so
     execution: str = ""  # what the trials train on, in one line (explorer.executors.devices.Execution.line)
+    tracking: str | None = None  # where the trials are tracked, in one line (explorer.tracking.feed.Feed.line)
 
 
 @dataclass(frozen=True)
@@ -334,6 +329,14 @@ def dashboard(studies: list[str | Path], out: str | Path | None = None) -> Path:
     from explorer.dashboard import render_studies  # plotly: imported only when asked for
 
     return render_studies([Path(p) for p in studies], Path(out) if out is not None else None)
+
+
+def serve(studies: list[str | Path], host: str = "127.0.0.1", port: int = 8050, every: float = 5.0,
+          on_ready: Callable[[str], None] | None = None) -> None:
+    """The dashboard served live at http://host:port until Ctrl-C, updating in the open page (explorer.dashboard.live)."""
+    from explorer.dashboard.live import serve
+
+    serve([Path(p) for p in studies], host, port, every, on_ready)
 
 
 def executor_names() -> tuple[str, ...]:

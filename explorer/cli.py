@@ -31,7 +31,7 @@ import numbers  # noqa: E402
 import time  # noqa: E402
 from enum import Enum  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Annotated, Optional  # noqa: E402
+from typing import Annotated, Any, Optional  # noqa: E402
 
 import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
@@ -132,13 +132,12 @@ def _scalar(text: str):
 
 
 # -- run / resume -----------------------------------------------------------------------------------------
-def _run(path: Path, *, resume: bool, force: bool, executor: str | None, address: str | None, device: str | None,
-         reclaim: bool, retry_failed: bool, dashboard: bool) -> None:
+def _run(path: Path, *, dashboard: bool, **options: Any) -> None:  # options: Experiment.run's
     from explorer import api
 
     exp = api.load(path)
-    if executor:
-        _executor_name(executor)
+    if options["executor"]:
+        _executor_name(options["executor"])
     for key, value in exp.paths().items():  # every place this run reads or writes, stated up front
         err.print(f"{key}: {value}", markup=False, highlight=False)
     failed: list[int] = []
@@ -152,7 +151,7 @@ def _run(path: Path, *, resume: bool, force: bool, executor: str | None, address
             if started.retried:
                 bar.console.print(f"queued again {len(started.retried)} failed configurations: {', '.join(started.retried)}",
                                   markup=False, highlight=False)
-            for note in filter(None, (started.execution, started.grid_note)):
+            for note in filter(None, (started.execution, started.grid_note, started.tracking)):
                 bar.console.print(note, markup=False, highlight=False)
             done, planned = exp.progress(started.ostudy)
             bar.update(task, completed=done, total=planned)
@@ -165,8 +164,7 @@ def _run(path: Path, *, resume: bool, force: bool, executor: str | None, address
             done, planned = exp.progress(s)
             bar.update(task, completed=done, total=planned, front=f"front: {len(s.best_trials)} | last: #{t.number} {t.state.name.lower()}")
 
-        exp.run(executor=executor, address=address, device=device, force=force, resume=resume, reclaim=reclaim,
-                         retry_failed=retry_failed, on_start=on_start, on_trial=on_trial)
+        exp.run(**options, on_start=on_start, on_trial=on_trial)
     _status(exp, failures=False)  # this run's failures were said as they happened
     stalled = exp.stalled()
     if stalled:
@@ -208,10 +206,10 @@ def run(
     force: Annotated[bool, typer.Option(help="continue a stored study even if its space/task/budget changed")] = False,
     retry_failed: Annotated[bool, typer.Option(help="queue again the configurations whose trials failed (after fixing the cause)")] = False,
     dashboard: Annotated[bool, typer.Option(help="write the dashboard when done")] = True,
+    tracking: Annotated[list[str], typer.Option(metavar="NAME[=WHERE]", help="mlflow, tensorboard, mlflow=URI, tensorboard=DIR or none (repeatable; over the YAML's tracking:)")] = [],
 ) -> None:
     """Run a study (create it, or continue the stored one) until it has n_trials finished trials."""
-    _run(study, resume=False, force=force, executor=executor, address=address, device=device, reclaim=False, retry_failed=retry_failed,
-         dashboard=dashboard)
+    _run(study, resume=False, force=force, executor=executor, address=address, device=device, reclaim=False, retry_failed=retry_failed, dashboard=dashboard, tracking=tracking)
 
 
 @app.command()
@@ -224,10 +222,10 @@ def resume(
     force: Annotated[bool, typer.Option(help="continue a stored study even if its space/task/budget changed")] = False,
     retry_failed: Annotated[bool, typer.Option(help="queue again the configurations whose trials failed (after fixing the cause)")] = False,
     dashboard: Annotated[bool, typer.Option(help="write the dashboard when done")] = True,
+    tracking: Annotated[list[str], typer.Option(metavar="NAME[=WHERE]", help="mlflow, tensorboard, mlflow=URI, tensorboard=DIR or none (repeatable; over the YAML's tracking:)")] = [],
 ) -> None:
     """Continue a stored study; trials a dead worker left running are re-run, finished ones kept."""
-    _run(study, resume=True, force=force, executor=executor, address=address, device=device, reclaim=reclaim, retry_failed=retry_failed,
-         dashboard=dashboard)
+    _run(study, resume=True, force=force, executor=executor, address=address, device=device, reclaim=reclaim, retry_failed=retry_failed, dashboard=dashboard, tracking=tracking)
 
 
 # -- status / export ------------------------------------------------------------------------------------------
@@ -310,13 +308,18 @@ def dashboard(
     studies: Annotated[list[Path], typer.Argument(help="one or more study YAMLs (several: compared on one front)")],
     out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="default: dashboards/<name>.html beside the studies/ folder, or beside the study YAML")] = None,
     watch: Annotated[bool, typer.Option(help="re-render every few seconds while a study runs")] = False,
-    every: Annotated[float, typer.Option(help="seconds between renders with --watch")] = 5.0,
+    every: Annotated[float, typer.Option(help="seconds between renders with --watch, between the live page's updates with --serve")] = 5.0,
+    serve: Annotated[bool, typer.Option(help="serve the report on http://HOST:PORT instead: the open page follows the studies live")] = False,
+    host: Annotated[str, typer.Option(help="with --serve: the address to listen on (0.0.0.0: every interface)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="with --serve: the port to listen on (0: a free one)")] = 8050,
 ) -> None:
-    """Write one self-contained HTML dashboard (plotly, opens offline); reads the storages, never writes them."""
+    """Write one self-contained HTML dashboard (plotly, opens offline), or serve it live; reads the storages, never writes them."""
     from explorer import api
 
     for path in studies:
         _read(path)  # says if a YAML changed since its study was made
+    if serve:  # until Ctrl-C
+        return api.serve(studies, host, port, every, lambda url: out.print(f"dashboard: {url} (live; Ctrl-C stops it)", markup=False))
     out.print(f"dashboard: {api.dashboard(studies, out_path)}")
     while watch:
         time.sleep(every)

@@ -32,8 +32,8 @@ torch.set_num_threads(TORCH_THREADS)
 
 # What engines leave in a temp dir by design: Ray its session folders (`ray/`) and Tune's lock files,
 # torch the inductor cache that importing timm creates (`torchinductor_<user>`); multiprocessing
-# removes its `pymp-*` folders only when the interpreter exits.
-ENGINE_NAMES, ENGINE_PREFIXES = {"ray", "_ray_lockfiles"}, ("torchinductor_", "pymp-")
+# removes its `pymp-*` folders only when the interpreter exits; MLflow a lock file per SQLite store it creates.
+ENGINE_NAMES, ENGINE_PREFIXES = {"ray", "_ray_lockfiles"}, ("torchinductor_", "pymp-", "db_init_lock-")
 _OWN: dict[str, Path] = {}
 
 
@@ -46,8 +46,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     _OWN["TMPDIR"].chmod(0o1777)  # like /tmp: a PostgreSQL server the tests start as `postgres` works in it
     _OWN["HOME"] = Path(tempfile.mkdtemp(prefix="xh-", dir=real))
     os.environ.update({name: str(path) for name, path in _OWN.items()})
-    for name in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
-        os.environ.pop(name, None)  # the user's cluster and token are not the tests' (each Ray test sets its own)
+    for name in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "MLFLOW_TRACKING_URI"):
+        os.environ.pop(name, None)  # the user's cluster, token and tracking server are not the tests' (each test sets its own)
+    os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"  # else importing mlflow writes an installation id under $HOME
     os.environ["EXPLORER_CACHE_DIR"] = str(base / "explorer-cache")
     tempfile.tempdir = None  # read $TMPDIR again
 

@@ -12,6 +12,7 @@ The only package that imports plotly. The map, one job a module:
     plots.py          the figures (front, heatmap, κ, curves, hypervolume) and `figures`, all by div id
     extrapolation.py  the shape-law figure past the measured range, and its held-out check
     page.py           the HTML page: summary, tables, scripts, `render`, `render_studies`, `default_output`
+    live.py           `explorer dashboard --serve`: the page served locally, updating in place as trials run
 """
 
 from explorer.dashboard.page import PLOT_CONFIG, default_output, render, render_studies

@@ -27,7 +27,7 @@ def extrapolation_figure(frames: dict[str, pd.DataFrame], meta: dict[str, dict],
                          stats: dict[str, pd.DataFrame] | None = None) -> go.Figure:
     """Left: the configurations' means, and the posterior's pick within each budget up to SIZE_REACH x the
     largest measured configuration with its 95% interval (dashed past the data); the candidates are
-    `meta["candidates"]` and `meta["outside"]` (splits past the space). Right: the posterior fitted on
+    `meta["candidates"]` and `meta["widened"]`'s (splits past the space). Right: the posterior fitted on
     the configurations up to the median size, against the measured means of the larger ones."""
     stats = summaries(frames, meta) if stats is None else stats
     fig = make_subplots(rows=len(frames), cols=2, subplot_titles=[" "] * (2 * len(frames)))
@@ -45,10 +45,11 @@ def extrapolation_figure(frames: dict[str, pd.DataFrame], meta: dict[str, dict],
                          arrayminus=(summary["mean"] - summary["lo"]).fillna(0), thickness=1, width=2),
             hovertemplate="%{hovertext}<br>%{x:,} params: %{y:.4f}<extra></extra>"), row=i, col=1)
         objectives = [(metric, "maximize" if higher else "minimize"), ("params", "minimize")]
-        candidates = [*(meta[name].get("candidates") or ()), *(meta[name].get("outside") or ())]
+        top = int(summary["params"].max())
+        past = meta[name]["widened"](int(SIZE_REACH * top)) if "widened" in meta[name] else []
+        candidates = [*(meta[name].get("candidates") or ()), *past]
         post = summarize(done, metric, objectives, draws=0, candidates=candidates, **length_options(meta[name])).attrs["posterior"]
         lo, hi = post.interval(LEVEL)
-        top = int(summary["params"].max())
         budgets = np.unique(np.append(np.geomspace(post.params.min(), SIZE_REACH * top, BUDGETS), top))
         picks = [post.index[post.regret(within(post, b)).pick] for b in budgets]
         for part, inside, dash in (("measured range", budgets <= top, "solid"), ("past the data", budgets >= top, "dash")):

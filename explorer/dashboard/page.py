@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import optuna
 import pandas as pd
 from plotly.offline import get_plotlyjs
 
@@ -29,7 +30,6 @@ from explorer.posterior import at_length
 from explorer.space import widened
 from explorer.stats import LEVEL
 from explorer.study import Study, load_study_spec
-from explorer.transfer import SIZE_REACH
 from explorer.units import format_count
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
@@ -150,22 +150,28 @@ function explorerRendered() {
 """
 
 _SORT_JS = """
-document.querySelectorAll('table.sortable th').forEach(function (th, col) {
-  th.addEventListener('click', function () {
-    var body = th.closest('table').tBodies[0], up = th.dataset.dir !== 'up';
-    th.dataset.dir = up ? 'up' : 'down';
-    var key = function (tr) {
-      var td = tr.cells[col];
-      return td.dataset.v !== undefined ? td.dataset.v : td.textContent;
-    };
-    var rows = Array.from(body.rows).sort(function (a, b) {
-      var x = key(a), y = key(b), nx = parseFloat(x), ny = parseFloat(y);
-      var c = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : (x === '' ? 1 : y === '' ? -1 : x.localeCompare(y));
-      return up ? c : -c;
+function explorerSortable() {
+  document.querySelectorAll('table.sortable th').forEach(function (th) {
+    var col = th.cellIndex;  // its own table's column
+    if (th.dataset.bound) return;
+    th.dataset.bound = 1;
+    th.addEventListener('click', function () {
+      var body = th.closest('table').tBodies[0], up = th.dataset.dir !== 'up';
+      th.dataset.dir = up ? 'up' : 'down';
+      var key = function (tr) {
+        var td = tr.cells[col];
+        return td.dataset.v !== undefined ? td.dataset.v : td.textContent;
+      };
+      var rows = Array.from(body.rows).sort(function (a, b) {
+        var x = key(a), y = key(b), nx = parseFloat(x), ny = parseFloat(y);
+        var c = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : (x === '' ? 1 : y === '' ? -1 : x.localeCompare(y));
+        return up ? c : -c;
+      });
+      rows.forEach(function (tr) { body.appendChild(tr); });
     });
-    rows.forEach(function (tr) { body.appendChild(tr); });
   });
-});
+}
+explorerSortable();
 """
 
 _CSS = """
@@ -199,13 +205,19 @@ def _summary(name: str, df: pd.DataFrame, meta: dict[str, Any], summary: pd.Data
 
 
 
-def render(frames: dict[str, pd.DataFrame], out: Path, meta: dict[str, dict]) -> Path:
-    """Write the report of one or more studies (name -> `trials_frame`) to `out`; returns `out`.
+def parts(frames: dict[str, pd.DataFrame], meta: dict[str, dict], stats: dict[str, pd.DataFrame]) -> dict[str, str]:
+    """The page's parts other than figures, by element id: what a live page replaces as its studies move."""
+    return {
+        "summary": "".join(_summary(n, df, meta[n], stats[n]) for n, df in frames.items()),
+        "answers": _answers_table(meta, stats),
+        "configs": _config_note(stats) + _config_table(frames, meta, stats),
+        "trials": _table(frames, meta, stats),
+    }
 
-    `meta[name]` holds `baseline` (config key or None), `objectives`, `metric` and `space`; optionally
-    `higher_is_better`, `candidates` (for the shape law) and `first_seed` (the study's first seed: that of
-    a trial stored without one; else 0).
-    """
+
+def page(frames: dict[str, pd.DataFrame], meta: dict[str, dict], live: dict[str, str] | None = None) -> str:
+    """The report's HTML (see `render`). `live` (explorer.dashboard.live): its running-trials figure, shown
+    first, and its script, which updates the page in place."""
     stats = summaries(frames, meta)
     sections = []
     for div, fig in figures(frames, meta, stats).items():
@@ -215,20 +227,31 @@ def render(frames: dict[str, pd.DataFrame], out: Path, meta: dict[str, dict]) ->
         )
         sections.append(f"<section>{part}</section>")
     title = "explorer: " + ", ".join(frames)
-    page = f"""<!DOCTYPE html>
+    said = parts(frames, meta, stats)
+    live = live or {}
+    return f"""<!DOCTYPE html>
 <html lang="en" data-figures="{len(FIGURES)}"><head><meta charset="utf-8"><title>{esc(title)}</title>
 <style>{_CSS}</style><script>{_STATUS_JS}</script>
 <script type="text/javascript">{get_plotlyjs()}</script></head>
-<body><h1>{esc(title)}</h1><ul>{"".join(_summary(n, df, meta[n], stats[n]) for n, df in frames.items())}</ul>
-{sections[0] if sections else ""}{_answers_table(meta, stats)}{"".join(sections[1:])}
-<section><h2>Configurations</h2>{_config_note(stats)}{_config_table(frames, meta, stats)}</section>
-<section><h2>Trials</h2><p>Click a column to sort.</p>{_table(frames, meta, stats)}</section>
-<script>{_SORT_JS}</script></body></html>
+<body><h1>{esc(title)}</h1>{live.get("status", "")}<ul id="summary">{said["summary"]}</ul>{live.get("figure", "")}
+{sections[0] if sections else ""}<div id="answers">{said["answers"]}</div>{"".join(sections[1:])}
+<section><h2>Configurations</h2><div id="configs">{said["configs"]}</div></section>
+<section><h2>Trials</h2><p>Click a column to sort.</p><div id="trials">{said["trials"]}</div></section>
+<script>{_SORT_JS}</script>{live.get("script", "")}</body></html>
 """
+
+
+def render(frames: dict[str, pd.DataFrame], out: Path, meta: dict[str, dict]) -> Path:
+    """Write the report of one or more studies (name -> `trials_frame`) to `out`; returns `out`.
+
+    `meta[name]` holds `baseline` (config key or None), `objectives`, `metric` and `space`; optionally
+    `higher_is_better`, `candidates` (for the shape law) and `first_seed` (the study's first seed: that of
+    a trial stored without one; else 0).
+    """
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")  # --watch: a reader never sees half a page
-    partial.write_text(page, encoding="utf-8")
+    partial.write_text(page(frames, meta), encoding="utf-8")
     partial.replace(out)
     return out
 
@@ -246,13 +269,32 @@ def default_output(study_yaml: Path, names: Sequence[str]) -> Path:
     return root / "dashboards" / ("+".join(names) + ".html")
 
 
-def _lengths(study: Study, frame: pd.DataFrame) -> dict[str, Any]:
-    """The meta of a study's lengths (a ladder: the target, the rungs, each rung's epochs of compute) and
-    the splits past its space within SIZE_REACH of its largest measured configuration."""
+def meta_of(study: Study) -> dict[str, Any]:
+    """What `render` needs to know of a study besides its trials."""
+    return {
+        "baseline": study.space.baseline.key if study.space.baseline else None,
+        "objectives": [(o.name, o.direction) for o in study.objectives],
+        "metric": study.task.metric,
+        "higher_is_better": study.task.higher_is_better,
+        "space": study.space.name,
+        "first_seed": study.seeds[0],  # what a trial stored without a seed trained with
+        "candidates": [(c.key, c.dims, c.params) for c in study.space.configs()],
+        "budgets": study.budgets(),
+        "decision": study.spec.decision,
+        **_lengths(study),
+    }
+
+
+def frame_of(ostudy: optuna.Study) -> pd.DataFrame:
+    """A stored study's trials as the report reads them: those of an earlier identity are set aside."""
+    return current_rows(trials_frame(ostudy), ostudy)
+
+
+def _lengths(study: Study) -> dict[str, Any]:
+    """The meta of a study's lengths (a ladder: the target, the rungs, each rung's epochs of compute) and the
+    splits past its space within a budget (`widened`: the past-the-range figure asks for them)."""
     budget = study.spec.budget
-    done = frame[frame["state"] == "COMPLETE"]
-    top = int(done["params"].max()) if len(done) and done["params"].notna().any() else 0
-    out: dict[str, Any] = {"outside": [(c.key, c.dims, c.params) for c in widened(study.space, int(SIZE_REACH * top))]} if top else {}
+    out: dict[str, Any] = {"widened": lambda limit: [(c.key, c.dims, c.params) for c in widened(study.space, limit)]}
     if len(budget.ladder) > 1:
         out.update(epochs=study.target_epochs, lengths=budget.ladder, compute={e: budget.compute(e) for e in budget.ladder})
     return out
@@ -260,22 +302,6 @@ def _lengths(study: Study, frame: pd.DataFrame) -> dict[str, Any]:
 
 def render_studies(paths: Sequence[str | Path], out: Path | None = None) -> Path:
     """Render study YAMLs from their storages, read only (`explorer dashboard`); default: `default_output`."""
-    frames, meta = {}, {}
-    for path in paths:
-        study = load_study_spec(path)
-        name = study.spec.name
-        ostudy = study.read()
-        frames[name] = current_rows(trials_frame(ostudy), ostudy)  # trials of an earlier identity are set aside
-        meta[name] = {
-            "baseline": study.space.baseline.key if study.space.baseline else None,
-            "objectives": [(o.name, o.direction) for o in study.objectives],
-            "metric": study.task.metric,
-            "higher_is_better": study.task.higher_is_better,
-            "space": study.space.name,
-            "first_seed": study.seeds[0],  # what a trial stored without a seed trained with
-            "candidates": [(c.key, c.dims, c.params) for c in study.space.configs()],
-            "budgets": study.budgets(),
-            "decision": study.spec.decision,
-            **_lengths(study, frames[name]),
-        }
-    return render(frames, out or default_output(Path(paths[0]), list(frames)), meta)
+    studies = [load_study_spec(path) for path in paths]
+    frames = {study.spec.name: frame_of(study.read()) for study in studies}
+    return render(frames, out or default_output(Path(paths[0]), list(frames)), {s.spec.name: meta_of(s) for s in studies})

@@ -332,6 +332,25 @@ def _hypervolume_figure(frames: dict[str, pd.DataFrame], meta: dict[str, dict], 
     return fig
 
 
+def running_figure(frames: dict[str, pd.DataFrame], meta: dict[str, dict]) -> go.Figure:
+    """The curves of the trials training now, to their last epoch (their `curve`, stored after each one): the
+    live page's (explorer.dashboard.live). A finished trial leaves it for the report's other figures."""
+    fig = go.Figure()
+    for name, df in frames.items():
+        running = df[df["state"] == "RUNNING"] if len(df) else df
+        for row in running.to_dict("records"):
+            curve = list(row["curve"]) if isinstance(row.get("curve"), (list, tuple)) else []
+            seed = "" if pd.isna(row.get("seed")) else f", seed {num(row['seed'])}"
+            fig.add_trace(go.Scatter(
+                x=list(range(1, len(curve) + 1)), y=curve, mode="lines+markers",
+                name=f"{esc(name)}: trial {row['number']} {esc(row.get('arch'))}{esc(seed)}",
+                hovertemplate="epoch %{x}: %{y:.4f}<extra>trial " + str(row["number"]) + "</extra>"))
+    metrics = esc(", ".join(sorted({metric_of(m)[0] for m in meta.values()})))
+    title = "Running trials, epoch by epoch" if fig.data else "Running trials, epoch by epoch: none is running"
+    fig.update_layout(title=title, xaxis=dict(title="epoch", dtick=1), yaxis_title=metrics, height=420)
+    return fig
+
+
 def figures(frames: dict[str, pd.DataFrame], meta: dict[str, dict],
             stats: dict[str, pd.DataFrame] | None = None) -> dict[str, go.Figure]:
     """The report's figures by div id (usable on their own, e.g. in a notebook); `stats`: `summaries`."""

@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from explorer.executors.devices import Execution
 
 TrialCallback = Callable[[optuna.Study, optuna.trial.FrozenTrial], None]
+# after each epoch of a trial: (study, the trial's storage id, the epoch counted from 1, its metrics); trackers use it
+EpochCallback = Callable[[optuna.Study, int, int, dict[str, float]], None]
 
 
 class Executor(ABC):
@@ -26,8 +28,10 @@ class Executor(ABC):
         """Resolve the devices `study`'s trials train on (and how many at once); one line if they cannot be had."""
 
     @abstractmethod
-    def run(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None = None) -> None:
-        """Run trials until none is left to start and none runs, recording each in `ostudy`'s storage."""
+    def run(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None = None,
+            on_epoch: EpochCallback | None = None) -> None:
+        """Run trials until none is left to start and none runs, recording each in `ostudy`'s storage; `on_trial`
+        after each trial ends, `on_epoch` after each epoch of one (in the process that records it)."""
 
     def settle(self, study: Study, ostudy: optuna.Study, force: bool = False) -> Execution:
         """The run's `Execution`, its class recorded on the study (or refused: explorer.executors.devices.settle_class)."""

@@ -30,7 +30,7 @@ import torch
 
 from explorer.errors import ExplorerError, TrialFailed, TrialReclaimed
 from explorer.executors import seedgroups
-from explorer.executors.base import Executor, TrialCallback
+from explorer.executors.base import EpochCallback, Executor, TrialCallback
 from explorer.executors.devices import DevicePool, Execution, local_execution
 from explorer.faults import Fault
 from explorer.optuna_compat import storage_of, trial_storage_id
@@ -46,11 +46,12 @@ class LocalExecutor(Executor):
         self.execution = local_execution(study)
         return self.execution
 
-    def run(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None = None) -> None:
+    def run(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None = None,
+            on_epoch: EpochCallback | None = None) -> None:
         execution = self.settle(study, ostudy)
         interrupts = _Interrupts(in_threads=execution.slots > 1)
         torch.set_num_threads(max(1, int(study.spec.executor.cpu)))  # CPUs per trial, as Ray would allot
-        worker = _Worker(study, ostudy, on_trial, interrupts, DevicePool(execution))
+        worker = _Worker(study, ostudy, on_trial, interrupts, DevicePool(execution), on_epoch)
         try:
             with interrupts.installed():
                 if execution.slots == 1:
@@ -73,8 +74,9 @@ class _Worker:
     """The loop every thread of this process runs, and what stops them all."""
 
     def __init__(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None, interrupts: _Interrupts,
-                 pool: DevicePool):
+                 pool: DevicePool, on_epoch: EpochCallback | None = None):
         self.study, self.ostudy, self.on_trial, self.interrupts, self.pool = study, ostudy, on_trial, interrupts, pool
+        self.on_epoch = on_epoch
         self.stop = interrupts.wake  # set by Ctrl-C, too many failures, a broken CUDA context, or a thread's study error
         self.broken: list[str] = []  # faults that broke this process's CUDA context
 
@@ -169,16 +171,20 @@ class _Worker:
         return _tell(ostudy, trial, values=study.evaluator.values(attrs))
 
     def reporter(self, trial: optuna.Trial) -> Callable[[int, dict[str, float]], None]:
-        """What `trial` does after each epoch: record its curve, stop if reclaimed or interrupted, prune."""
+        """What `trial` does after each epoch: record its curve (and tell `on_epoch`), stop if reclaimed or
+        interrupted, prune."""
         study, ostudy, interrupts, curve = self.study, self.ostudy, self.interrupts, []
         cfg = study.configs[trial.params["arch"]]
+        trial_id = trial_storage_id(trial)
 
         def on_epoch(epoch: int, metrics: dict[str, float]) -> None:
             value = metrics[study.task.metric]
             curve.append(value)
-            if storage_of(ostudy).get_trial(trial_storage_id(trial)).state != _RUNNING:
+            if storage_of(ostudy).get_trial(trial_id).state != _RUNNING:
                 raise TrialReclaimed  # failed as dead by another worker: its retry trains it, from the checkpoint
             trial.set_user_attr("curve", curve)
+            if self.on_epoch is not None:
+                self.on_epoch(ostudy, trial_id, epoch + 1, metrics)
             if interrupts.requested:  # trials in threads stop here (signals reach the main thread only)
                 raise KeyboardInterrupt
             if study.evaluator.should_prune(ostudy, trial.number, epoch + 1, value, cfg):

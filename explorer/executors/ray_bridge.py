@@ -27,10 +27,11 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from ray.tune.search import Searcher
 
-from explorer.executors.base import TrialCallback
+from explorer.executors.base import EpochCallback, TrialCallback
 from explorer.faults import Fault
 from explorer.study import Study
 from explorer.optuna_compat import storage_of, trial_storage_id
+from explorer.train import EPOCH_METRICS
 
 _FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
 
@@ -44,14 +45,15 @@ class _Link:
     dies they go stale and the next `explorer run/resume` fails and re-queues them (as for `local`).
     """
 
-    def __init__(self, study: Study, ostudy: optuna.Study | None = None, on_trial: TrialCallback | None = None):
+    def __init__(self, study: Study, ostudy: optuna.Study | None = None, on_trial: TrialCallback | None = None,
+                 on_epoch: EpochCallback | None = None):
         self.data = study.to_data()
         self.metric = study.task.metric
         self.execution = study.evaluator.execution  # the run's class, stamped on each trial at ask (a restored driver too)
         self.open_trials: dict[int, int] = {}  # Optuna trial number -> storage trial id, while RUNNING here
         self._study: Study | None = study
         self._ostudy = ostudy
-        self.on_trial = on_trial
+        self.on_trial, self.on_epoch = on_trial, on_epoch
         self._beating: threading.Event | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -60,7 +62,7 @@ class _Link:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.data, self.metric, self.open_trials = state["data"], state["metric"], state["open_trials"]
         self.execution = state.get("execution")
-        self._study = self._ostudy = self.on_trial = self._beating = None
+        self._study = self._ostudy = self.on_trial = self.on_epoch = self._beating = None
 
     def study(self) -> Study:
         if self._study is None:
@@ -237,6 +239,9 @@ class OptunaBridge(Searcher):
         del curve[result["epoch"] - 1:]  # a trial resumed from an older checkpoint repeats epochs
         curve.append(float(result[metric]))
         optuna.Trial(ostudy, self.link.open_trials[number]).set_user_attr("curve", curve)
+        if self.link.on_epoch is not None:
+            metrics = {k: float(result[k]) for k in EPOCH_METRICS if isinstance(result.get(k), (int, float))}
+            self.link.on_epoch(ostudy, self.link.open_trials[number], int(result["epoch"]), metrics)
 
     def save(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "wb") as f:

@@ -43,7 +43,7 @@ from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from explorer.checkpoints import CHECKPOINT
 from explorer.errors import ExplorerError, TrialFailed
-from explorer.executors.base import Executor, TrialCallback
+from explorer.executors.base import EpochCallback, Executor, TrialCallback
 from explorer.executors.devices import Execution, cluster_execution
 from explorer.executors.ray_bridge import BinnedScheduler, OptunaBridge, _Link
 from explorer.faults import Fault
@@ -58,14 +58,15 @@ class RayExecutor(Executor):
         self.execution = cluster_execution(study, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
         return self.execution
 
-    def run(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None = None) -> None:
+    def run(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None = None,
+            on_epoch: EpochCallback | None = None) -> None:
         execution = self.settle(study, ostudy)
         study.queue.replicates(ostudy)  # a resumed study queues the replicates it still lacks
         if study.queue.remaining(ostudy) == 0:
             return
         check_storage_path(study)
         study.queue.waiting(ostudy)  # trials a dead driver left: failed, queued again
-        link = _Link(study, ostudy, on_trial)
+        link = _Link(study, ostudy, on_trial, on_epoch)  # both run on this driver, which Tune hands every result
         name = f"{study.spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         try:
             make_tuner(study, link, name, execution).fit()

@@ -203,6 +203,14 @@ class Queue:
                 queued.append(key)
             return queued
 
+    def grid_note(self) -> str | None:
+        """What a grid study that trains only a prefix of its grid says when it starts."""
+        spec, size = self.study.spec, len(self.study.configs)
+        if spec.sampler.name != "grid" or spec.n_trials >= size:
+            return None
+        return (f"grid of {size} configurations, n_trials {spec.n_trials}: trains {spec.n_trials} spread over the grid "
+                "(its queue is in farthest-point order); raise n_trials to run the rest")
+
     def stalled(self, ostudy: optuna.Study) -> bool:
         """Whether the sampler's last MAX_DUPLICATE_RUN proposals were all measured already."""
         last = [t for t in current_trials(ostudy) if t.state.is_finished()][-MAX_DUPLICATE_RUN:]

@@ -26,6 +26,7 @@ from explorer.replicates import ReplicateSpec
 from explorer.sampling import BudgetSampler, Encoding, FeasibleSampler, encoding_of
 from explorer.space import Config, SearchSpace, SpaceSpec, load_space
 from explorer.tasks import Task, get_task
+from explorer.tracking.spec import TrackingSpec
 
 OBJECTIVE_NAMES = ("params", "flops", "train_time_s")  # besides the task's metrics
 _OBJECTIVE = re.compile(r"^(maximize|minimize)\s+(\w+)$")
@@ -113,6 +114,7 @@ class StudySpec(BaseModel):
     heartbeat_s: int = Field(5, ge=1)
     trial_timeout_s: float | None = Field(None, gt=0)  # wall-clock limit of one trial (explorer.watchdog)
     executor: ExecutorSpec = ExecutorSpec()
+    tracking: TrackingSpec = TrackingSpec()  # trackers that receive the trials (explorer.tracking): none by default
 
     @field_validator("objectives", mode="before")
     @classmethod
