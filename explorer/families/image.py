@@ -17,11 +17,11 @@ if TYPE_CHECKING:
 
 
 class ImageDims(BlockDims):
-    img_size: int = Field(32, ge=1)
-    patch: int = Field(4, ge=1)
-    in_chans: int = Field(3, ge=1)
-    num_classes: int = Field(10, ge=1)
-    pool: Literal["cls", "mean"] = "cls"
+    img_size: int = Field(32, ge=1, description="input side in pixels (the task fixes it)")
+    patch: int = Field(4, ge=1, description="patch side in pixels; it divides `img_size`")
+    in_chans: int = Field(3, ge=1, description="input channels (the task fixes it)")
+    num_classes: int = Field(10, ge=1, description="classes (the task fixes it)")
+    pool: Literal["cls", "mean"] = Field("cls", description="the head reads a class token (`cls`) or the mean of the tokens")
 
     @model_validator(mode="after")
     def _patch_fits(self) -> "ImageDims":

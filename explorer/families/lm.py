@@ -17,9 +17,9 @@ if TYPE_CHECKING:
 
 
 class LMDims(BlockDims):
-    vocab: int = Field(256, ge=2)
-    seq_len: int = Field(256, ge=1)
-    tie_weights: bool = True
+    vocab: int = Field(256, ge=2, description="token ids (the task fixes it)")
+    seq_len: int = Field(256, ge=1, description="context length (the task fixes it)")
+    tie_weights: bool = Field(True, description="the LM head shares the token embedding's weights")
 
 
 @register

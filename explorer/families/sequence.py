@@ -17,10 +17,10 @@ if TYPE_CHECKING:
 
 
 class SequenceDims(BlockDims):
-    vocab: int = Field(256, ge=2)
-    seq_len: int = Field(512, ge=1)
-    num_classes: int = Field(10, ge=1)
-    pool: Literal["cls", "mean"] = "cls"
+    vocab: int = Field(256, ge=2, description="token ids (the task fixes it)")
+    seq_len: int = Field(512, ge=1, description="positions (the task fixes it)")
+    num_classes: int = Field(10, ge=1, description="classes (the task fixes it)")
+    pool: Literal["cls", "mean"] = Field("cls", description="the head reads a class token (`cls`) or the mean of the tokens")
 
     def tokens(self) -> int:
         """Positions the blocks see: seq_len, and the class token."""
