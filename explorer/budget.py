@@ -15,26 +15,34 @@ class Budget(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    # one length, or a ladder of lengths (rungs): each (configuration, seed, length) is a trial of its own, and
-    # under `wsd` a run of one length gives every shorter rung's result too (explorer.schedule)
-    epochs: int | list[int] = 3
-    schedule: Literal["cosine", "wsd"] | None = None  # None: cosine for one length, wsd for a ladder
-    cooldown: float = Field(0.2, gt=0, lt=1)  # wsd: the share of a run's epochs that decays the rate to 0
-    max_steps: int | None = Field(None, ge=1)
-    time_limit_s: float | None = Field(None, gt=0)
-    batch_size: int = Field(64, ge=1)
-    lr: float = Field(1e-3, gt=0)
-    weight_decay: float = Field(0.05, ge=0)
-    warmup_frac: float = Field(0.1, ge=0, le=1)
-    grad_clip: float | None = Field(1.0, gt=0)
-    bf16: bool = True  # autocast to bfloat16, on CUDA only (a CPU trains in float32 and records so: `precision`)
-    tf32: bool = False  # TF32 for float32 matmuls and convolutions, on CUDA only (explorer.steps.set_tf32)
-    compile: Compile = "none"  # how a step runs: none | compile | cudagraphs (explorer.steps)
-    seed_batch: Literal["auto", "on", "off"] = "auto"  # a configuration's seeds trained as one model (explorer.seedbatch)
-    seed: int = 0  # sets the model's initialisation and the data order
+    epochs: int | list[int] = Field(3, description="epochs each trial trains, or a ladder of lengths (`[10, 20, 40]`): each "
+                                                   "(configuration, seed, length) is a trial of its own, and under `wsd` a "
+                                                   "run of one length gives each shorter rung's result too (explorer.schedule)")
+    schedule: Literal["cosine", "wsd"] | None = Field(
+        None, description="the learning-rate schedule: `cosine` (linear warmup, cosine decay to 0) or `wsd` "
+                          "(warmup-stable-decay, whose shorter rungs branch off at their cooldown); null: cosine for "
+                          "one length, wsd for a ladder")
+    cooldown: float = Field(0.2, gt=0, lt=1, description="wsd: the share of a run's epochs over which the rate decays to 0")
+    max_steps: int | None = Field(None, ge=1, description="at most this many optimizer steps a trial; null: no limit")
+    time_limit_s: float | None = Field(None, gt=0, description="at most this many seconds of training a trial; null: no limit")
+    batch_size: int = Field(64, ge=1, description="samples per optimizer step")
+    lr: float = Field(1e-3, gt=0, description="AdamW's peak learning rate (linear warmup, then the schedule's decay to 0)")
+    weight_decay: float = Field(0.05, ge=0, description="AdamW's weight decay, on matrices only (not on biases and norms)")
+    warmup_frac: float = Field(0.1, ge=0, le=1, description="share of the steps over which the learning rate warms up (of the shortest rung under wsd)")
+    grad_clip: float | None = Field(1.0, gt=0, description="the gradients' global norm is clipped to this; null: no clipping")
+    bf16: bool = Field(True, description="autocast to bfloat16, on CUDA only (a CPU trains in float32 and records so: `precision`)")
+    tf32: bool = Field(False, description="TF32 for float32 matmuls and convolutions, on CUDA only (explorer.steps.set_tf32); "
+                                          "true enters the study's identity")
+    compile: Compile = Field("none", description="how a step runs: `none` (eager), `compile` (the forward through torch.compile) "
+                                                 "or `cudagraphs` (the whole step as one CUDA graph; eager on a CPU)")
+    seed_batch: Literal["auto", "on", "off"] = Field(
+        "auto", description="a configuration's queued seeds trained as one model (explorer.seedbatch); `auto` measures "
+                            "both ways on the device once per configuration, never on a CPU")
+    seed: int = Field(0, description="sets the model's initialisation and the data order")
     # replicates: N seeds (seed, seed+1, ...) or a list of seeds; replicate i of every configuration
     # uses the same seed, so configurations are compared on the same data order (explorer.stats)
-    seeds: int | list[int] | None = None
+    seeds: int | list[int] | None = Field(None, description="replicates: N seeds (`seed`, `seed`+1, ...) or a list of seeds; "
+                                                            "null: `seed` alone")
 
     @field_validator("epochs")
     @classmethod

@@ -75,11 +75,18 @@ class DecisionSpec(BaseModel):
     """`decision:` in a study: what counts as decided, at which budgets, and how many seeds it may take."""
 
     model_config = ConfigDict(extra="forbid")
-    delta: float | None = Field(None, gt=0)  # metric units; None: ACCURACY_DELTA when maximized, LOSS_DELTA x |best mean| when minimized
-    budgets: list[str] | None = None  # "250k", "baseline", "10%-below-baseline"; None: DEFAULT_BUDGETS log-spaced over the space
-    level: float = Field(LEVEL, gt=0.5, lt=1)
-    max_seeds: int | None = Field(None, ge=2)  # the `decide` replicate policy's cap per configuration; None: budget.seeds
-    epochs: int | None = Field(None, ge=1)  # the length the answers are for; None: the longest of budget.epochs
+    delta: float | None = Field(None, gt=0, description="the margin, in the metric's units: a budget is decided when "
+                                                        "its regret bound is at most this; null: "
+                                                        f"{ACCURACY_DELTA:g} for an accuracy-like metric (maximized, in "
+                                                        f"[0, 1]), {LOSS_DELTA:.0%} of the best mean for a loss")
+    budgets: list[str] | None = Field(None, description="the parameter budgets the study answers (`250k`, `baseline`, "
+                                                        f"`10%-below-baseline`); null: {DEFAULT_BUDGETS} log-spaced "
+                                                        "over the space's parameter counts")
+    level: float = Field(LEVEL, gt=0.5, lt=1, description="the confidence of the regret bound and of the verdicts")
+    max_seeds: int | None = Field(None, ge=2, description="the `decide` policy's cap on seeds per configuration; "
+                                                          "null: every seed of `budget.seeds`")
+    epochs: int | None = Field(None, ge=1, description="the length (epochs) the answers are for; null: the longest of "
+                                                       "`budget.epochs`")
 
     def margin(self, higher_is_better: bool, best: float) -> float:
         """`delta`, or its documented default for the metric's direction."""

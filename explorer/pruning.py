@@ -16,7 +16,7 @@ can still be on the Pareto front. Two ways to be fair to it:
   budget question (a cheaper configuration beats it), so only trials that cannot reach the budget front
   are stopped. Comparing single seeds instead pruned true-front configurations after one unlucky run
   of a cheaper one (12 of 253 prunes in replays); comparing metrics at the same epoch stopped the big
-  models, which learn slower early (bench/search.py; see the README).
+  models, which learn slower early (bench/search.py; see docs/benchmarks/search.md).
 - `median` and `successive-halving`: a trial is compared only with trials in its own parameter bin
   (quantile bins over the space's feasible configurations).
 

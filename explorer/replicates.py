@@ -38,8 +38,11 @@ class ReplicateSpec(BaseModel):
     """`replicates:` in a study: how the seeds of `budget.seeds` are spent."""
 
     model_config = ConfigDict(extra="forbid")
-    policy: Literal["fixed", "adaptive", "decide"] = "fixed"
-    confidence: float = Field(0.9, gt=0.5, lt=1)  # adaptive: membership or defeat counts as settled past this probability
+    policy: Literal["fixed", "adaptive", "decide"] = Field(
+        "fixed", description="`fixed`: every seed everywhere; `adaptive`: seeds where front membership is unsettled; "
+                             "`decide`: seeds where they most shrink an undecided budget's regret bound")
+    confidence: float = Field(0.9, gt=0.5, lt=1, description="`adaptive` only: membership or defeat counts as settled "
+                                                             "past this probability")
 
 
 def wanted(summary: pd.DataFrame, max_seeds: int, spec: ReplicateSpec, budgets: Sequence[int] = (),

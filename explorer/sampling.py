@@ -9,7 +9,7 @@ Sampling stays feasible-only by a repair step (`FeasibleSampler`): a sampler's j
 moved to the nearest feasible configuration (in the encoding's unit cube) that no trial has taken
 yet, complete, running, queued or failed by itself, so a proposal is never infeasible, never a
 duplicate, and parallel workers never propose what another is training. `bench/search.py` measured
-this against Optuna's `constraints_func` (infeasible proposals told as infeasible): see the README.
+this against Optuna's `constraints_func` (infeasible proposals told as infeasible): see docs/benchmarks/search.md.
 
 `BudgetSampler` is explorer's own strategy. Parameters are known before training, so the question
 is the best metric within each parameter budget: it fits a Gaussian process to the measured metrics

@@ -34,9 +34,9 @@ class Range(BaseModel):
     """`{min: 2, max: 12, step: 2}`: integers from min to max inclusive."""
 
     model_config = ConfigDict(extra="forbid")
-    min: int
-    max: int
-    step: int = Field(1, gt=0)
+    min: int = Field(description="the smallest value")
+    max: int = Field(description="the largest value (included when the steps reach it)")
+    step: int = Field(1, gt=0, description="between values")
 
     @model_validator(mode="after")
     def _ordered(self) -> "Range":
@@ -54,10 +54,11 @@ class Constraints(BaseModel):
     the fingerprints of stored studies, stay valid)."""
 
     model_config = ConfigDict(extra="forbid")
-    fixed_mlp: bool = True
-    heads_divide_width: bool = True
-    min_head_dim: int = Field(1, ge=1)
-    param_budget: tuple[int | None, int | None] = (None, None)
+    fixed_mlp: bool = Field(True, description="the MLP width stays fixed while depth and heads move (mlp may not be free)")
+    heads_divide_width: bool = Field(True, description="may only be true: every family splits the width evenly among the heads")
+    min_head_dim: int = Field(1, ge=1, description="the smallest width / heads a configuration may have")
+    param_budget: tuple[int | None, int | None] = Field(
+        (None, None), description="`[lo, hi]` parameters (`400k`, `60M`; either null): configurations outside are infeasible")
 
     @field_validator("heads_divide_width")
     @classmethod
@@ -78,13 +79,16 @@ class SpaceSpec(BaseModel):
     """The YAML of a space, field for field."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str
-    family: str
-    description: str = ""
-    fixed: dict[str, Scalar] = {}
-    free: dict[str, list[Scalar] | Range | Literal["divisors"]]
-    constraints: Constraints = Constraints()
-    baseline: dict[str, Scalar] | None = None
+    name: str = Field(description="the space's name")
+    family: str = Field(description="the model family: one of explorer's (below), an entry point's name, or `module:Class`")
+    description: str = Field("", description="free text for the reader")
+    fixed: dict[str, Scalar] = Field({}, description="the dimensions every configuration shares, e.g. `{width: 64, mlp: 128}`")
+    free: dict[str, list[Scalar] | Range | Literal["divisors"]] = Field(
+        description="the dimensions that move: each a list of values, `{min, max, step}`, or `divisors` (heads only: "
+                    "the width's divisors)")
+    constraints: Constraints = Field(Constraints(), description="what makes a configuration feasible")
+    baseline: dict[str, Scalar] | None = Field(None, description="the configuration answers are compared with, by its "
+                                                                 "free dimensions; null: none")
 
     @field_validator("free", mode="before")
     @classmethod

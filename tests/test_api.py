@@ -1,4 +1,4 @@
-"""The Python API: the README's example as written, and each call against the CLI's view of a study."""
+"""The Python API: the docs' example as written (docs/getting-started.md), and each call against the CLI's view of a study."""
 
 from __future__ import annotations
 
@@ -18,18 +18,18 @@ from explorer.train import Budget
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def readme_block(heading: str, language: str) -> str:
-    """The first fenced `language` block under the README's `## heading`."""
-    text = (ROOT / "README.md").read_text()
+def docs_block(page: str, heading: str, language: str) -> str:
+    """The first fenced `language` block under `## heading` of the docs' `page`."""
+    text = (ROOT / "docs" / page).read_text()
     section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
     match = re.search(rf"```{language}\n(.*?)```", section, re.S)
     assert match, f"no {language} block under {heading!r}"
     return match.group(1)
 
 
-def test_readme_python_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+def test_docs_python_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     monkeypatch.chdir(tmp_path)
-    exec(compile(readme_block("From Python", "python"), "README.md", "exec"), {})
+    exec(compile(docs_block("getting-started.md", "From Python", "python"), "docs/getting-started.md", "exec"), {})
     printed = capsys.readouterr().out
     assert "layers=1" in printed and "measured" in printed
     assert (tmp_path / "runs/digits-tiny.yaml").exists() and (tmp_path / "runs/digits-tiny.space.yaml").exists()

@@ -48,7 +48,7 @@ def test_replay_on_the_shipped_table(prune: tuple | None) -> None:
 
 def test_decide_bench_runs_the_whole_loop_and_prints_its_last_line() -> None:
     """bench/decide.py --quick: 4 simulated studies per row of digits-vit through the seed policy, the
-    posterior and the answer (its figures mean nothing at 4; the full run's are in the README)."""
+    posterior and the answer (its figures mean nothing at 4; the full run's are in docs/benchmarks/answers.md)."""
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "decide.py"), "--quick", "--jobs", "1"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr

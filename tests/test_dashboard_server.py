@@ -1,4 +1,4 @@
-"""A finished study's storage opened by optuna-dashboard's server, started as the README says."""
+"""A finished study's storage opened by optuna-dashboard's server, started as docs/how-to/dashboards.md says."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Plugins: the README's example package installed into the test's environment and run as a study;
+"""Plugins: the docs' example package (docs/how-to/plugins.md) installed into the test's environment and run as a study;
 `module:Class` references; one-line errors for unknown and broken plugins and a missing extra."""
 
 from __future__ import annotations
@@ -25,20 +25,18 @@ from explorer.space import load_space
 from explorer.tasks import get_task, task_names
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTION = "Your own family or task"
+PAGE = ROOT / "docs" / "how-to" / "plugins.md"
 
 
-def readme_files() -> dict[str, str]:
-    """The README's plugin example: each fenced block whose first line is `# <file name>`."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split(f"\n## {SECTION}\n", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```\w+\n# (\S+)\n(.*?)```", section, re.S)
+def example_files() -> dict[str, str]:
+    """The docs' plugin example: each fenced block of its page whose first line is `# <file name>`."""
+    blocks = re.findall(r"```\w+\n# (\S+)\n(.*?)```", PAGE.read_text(), re.S)
     return {name: body for name, body in blocks}
 
 
 def install(site: Path) -> Path:
-    """What `pip install` leaves for the README's package: the module and a dist-info with its entry points."""
-    files = readme_files()
+    """What `pip install` leaves for the example's package: the module and a dist-info with its entry points."""
+    files = example_files()
     site.mkdir(parents=True, exist_ok=True)
     (site / "my_models.py").write_text(files["my_models.py"])
     project = tomllib.loads(files["pyproject.toml"])["project"]
@@ -63,7 +61,7 @@ def registries(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def build_and_install(project: Path, site: Path) -> Path:
-    """The README's package built into a wheel by setuptools (the PEP 517 backend pip calls) and
+    """The example's package built into a wheel by setuptools (the PEP 517 backend pip calls) and
     unpacked into `site`: what `pip install` leaves, without pip's network session."""
     built = subprocess.run([sys.executable, "-c", "import setuptools.build_meta as b; print(b.build_wheel('dist'))"],
                            cwd=project, check=True, capture_output=True, text=True).stdout.split()[-1]
@@ -73,9 +71,9 @@ def build_and_install(project: Path, site: Path) -> Path:
 
 
 @pytest.mark.slow  # a wheel build and a fresh interpreter (torch, optuna and explorer imported again)
-def test_readme_plugin_package_runs_a_study_from_its_entry_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_docs_plugin_package_runs_a_study_from_its_entry_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                   registries: None) -> None:
-    files = readme_files()
+    files = example_files()
     for name, body in files.items():
         (tmp_path / name).write_text(body)
     (tmp_path / "dashboards").mkdir()  # what an earlier run leaves beside the module: setuptools must not package it
@@ -101,9 +99,9 @@ def test_entry_points_are_listed_and_loaded_in_process(tmp_path: Path, monkeypat
 
 
 def test_module_class_references_in_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, registries: None) -> None:
-    (tmp_path / "my_models.py").write_text(readme_files()["my_models.py"])  # importable, not installed
+    (tmp_path / "my_models.py").write_text(example_files()["my_models.py"])  # importable, not installed
     monkeypatch.syspath_prepend(str(tmp_path))
-    space = readme_files()["parity-space.yaml"].replace("family: torch-encoder", "family: my_models:TorchEncoder")
+    space = example_files()["parity-space.yaml"].replace("family: torch-encoder", "family: my_models:TorchEncoder")
     exp = explorer.create(tmp_path / "study", "parity", space=str(_write(tmp_path / "space.yaml", space)),
                           task={"name": "my_models:Parity", "n": 128}, budget={"epochs": 1, "batch_size": 32},
                           sampler={"name": "grid"}, n_trials=1)

@@ -1,9 +1,9 @@
-"""A Ray cluster started the way the README says (`ray start --head`, then `ray start --address` for a
+"""A Ray cluster started the way docs/how-to/ray.md says (`ray start --head`, then `ray start --address` for a
 second node), a study run on it with `explorer run --address`, and the worker node stopped mid-study.
 
 Each `ray start` runs with `--block` in its own process group, so the test stops exactly the nodes it
 started (its raylet and Ray's own daemons are in that group), never a blanket `ray stop`, which would
-stop every Ray on the machine. The cluster uses token authentication as the README advises: the test
+stop every Ray on the machine. The cluster uses token authentication as the docs advise: the test
 writes a throwaway token in its temp dir and gives every Ray process RAY_AUTH_MODE=token and
 RAY_AUTH_TOKEN_PATH, so it runs the same whether or not the user has a ~/.ray/auth_token (never read).
 """

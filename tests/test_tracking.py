@@ -19,7 +19,7 @@ import optuna
 import pytest
 import yaml
 from conftest import write_study
-from test_api import readme_block
+from test_api import docs_block
 
 import explorer
 from explorer.errors import ExplorerError
@@ -164,8 +164,8 @@ def test_the_tracking_block_is_validated_and_names_the_file_and_field(tmp_path: 
     with pytest.raises(ExplorerError, match=r"--tracking: 'wandb': write mlflow or tensorboard"):
         TrackingSpec().with_flags(["wandb"])
     assert TrackingSpec().names == [] and load_study_spec(write_study(tmp_path)).spec.tracking.names == []  # opt-in
-    readme = TrackingSpec.model_validate(yaml.safe_load(readme_block("Trackers: MLflow and TensorBoard", "yaml"))["tracking"])
-    assert readme.names == ["mlflow", "tensorboard"]  # the README's block, as written
+    readme = TrackingSpec.model_validate(yaml.safe_load(docs_block("how-to/trackers.md", "Turn it on", "yaml"))["tracking"])
+    assert readme.names == ["mlflow", "tensorboard"]  # the docs' block, as written
 
 
 @pytest.mark.slow

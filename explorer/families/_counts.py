@@ -19,12 +19,12 @@ class BlockDims(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    layers: int = Field(ge=1)
-    heads: int = Field(ge=1)
-    width: int = Field(ge=1)
-    mlp: int = Field(ge=1)
-    act: Act = "gelu"
-    bias: bool = True
+    layers: int = Field(ge=1, description="transformer blocks")
+    heads: int = Field(ge=1, description="attention heads per block; they divide the width")
+    width: int = Field(ge=1, description="the model width (embedding dimension)")
+    mlp: int = Field(ge=1, description="the MLP's hidden width")
+    act: Act = Field("gelu", description="the MLP: `gelu`, or `glu` (GELU-gated, `mlp` split in two halves)")
+    bias: bool = Field(True, description="biases in the linear layers and norms")
 
     @model_validator(mode="after")
     def _shapes_fit(self) -> "BlockDims":

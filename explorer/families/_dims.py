@@ -13,11 +13,11 @@ from explorer.families._counts import Act, BlockDims
 
 
 class ImageDims(BlockDims):
-    img_size: int = Field(32, ge=1)
-    patch: int = Field(4, ge=1)
-    in_chans: int = Field(3, ge=1)
-    num_classes: int = Field(10, ge=1)
-    pool: Literal["cls", "mean"] = "cls"
+    img_size: int = Field(32, ge=1, description="input side in pixels (the task fixes it)")
+    patch: int = Field(4, ge=1, description="patch side in pixels; it divides `img_size`")
+    in_chans: int = Field(3, ge=1, description="input channels (the task fixes it)")
+    num_classes: int = Field(10, ge=1, description="classes (the task fixes it)")
+    pool: Literal["cls", "mean"] = Field("cls", description="the head reads a class token (`cls`) or the mean of the tokens")
 
     @model_validator(mode="after")
     def _patch_fits(self) -> "ImageDims":
@@ -31,16 +31,16 @@ class ImageDims(BlockDims):
 
 
 class LMDims(BlockDims):
-    vocab: int = Field(256, ge=2)
-    seq_len: int = Field(256, ge=1)
-    tie_weights: bool = True
+    vocab: int = Field(256, ge=2, description="token ids (the task fixes it)")
+    seq_len: int = Field(256, ge=1, description="context length (the task fixes it)")
+    tie_weights: bool = Field(True, description="the LM head shares the token embedding's weights")
 
 
 class SequenceDims(BlockDims):
-    vocab: int = Field(256, ge=2)
-    seq_len: int = Field(512, ge=1)
-    num_classes: int = Field(10, ge=1)
-    pool: Literal["cls", "mean"] = "cls"
+    vocab: int = Field(256, ge=2, description="token ids (the task fixes it)")
+    seq_len: int = Field(512, ge=1, description="positions (the task fixes it)")
+    num_classes: int = Field(10, ge=1, description="classes (the task fixes it)")
+    pool: Literal["cls", "mean"] = Field("cls", description="the head reads a class token (`cls`) or the mean of the tokens")
 
     def tokens(self) -> int:
         """Positions the blocks see: seq_len, and the class token."""

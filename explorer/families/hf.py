@@ -42,14 +42,14 @@ class HFDims(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    layers: int = Field(12, ge=1)
-    heads: int = Field(12, ge=1)
-    width: int = Field(768, ge=1)
-    mlp: int = Field(3072, ge=1)
-    vocab: int = Field(50257, ge=2)
-    seq_len: int = Field(1024, ge=1)
-    dropout: float = Field(0.0, ge=0, lt=1)
-    attn: Backend = "sdpa"
+    layers: int = Field(12, ge=1, description="`n_layer` / `num_hidden_layers`")
+    heads: int = Field(12, ge=1, description="`n_head` / `num_attention_heads`; they divide the width")
+    width: int = Field(768, ge=1, description="`n_embd` / `hidden_size`")
+    mlp: int = Field(3072, ge=1, description="`n_inner` / `intermediate_size`")
+    vocab: int = Field(50257, ge=2, description="`vocab_size` (the task fixes it)")
+    seq_len: int = Field(1024, ge=1, description="positions, or Llama's rotary context (the task fixes it)")
+    dropout: float = Field(0.0, ge=0, lt=1, description="every dropout probability of the config")
+    attn: Backend = Field("sdpa", description="the attention backend, `sdpa` or `eager` (the same κ)")
 
     @model_validator(mode="after")
     def _heads_fit(self) -> "HFDims":
@@ -60,7 +60,7 @@ class HFDims(BaseModel):
 class GPT2Dims(HFDims):
     """GPT2Config's defaults: GPT-2 small, its LM head tied to the token embedding."""
 
-    tie_weights: bool = True
+    tie_weights: bool = Field(True, description="the LM head shares the token embedding's weights")
 
 
 class BertDims(HFDims):
@@ -69,7 +69,7 @@ class BertDims(HFDims):
 
     vocab: int = Field(30522, ge=2)
     seq_len: int = Field(512, ge=1)
-    num_classes: int = Field(2, ge=1)
+    num_classes: int = Field(2, ge=1, description="classes of the classification head (the task fixes it)")
 
 
 class LlamaDims(HFDims):
@@ -79,12 +79,13 @@ class LlamaDims(HFDims):
 
     layers: int = Field(32, ge=1)
     heads: int = Field(32, ge=1)
-    kv_heads: int | Literal["heads"] = "heads"
+    kv_heads: int | Literal["heads"] = Field("heads", description="key/value heads (grouped-query attention): a "
+                                                                   "number that divides `heads`, or `heads` (one per query head)")
     width: int = Field(4096, ge=1)
     mlp: int = Field(11008, ge=1)
     vocab: int = Field(32000, ge=2)
     seq_len: int = Field(2048, ge=1)
-    tie_weights: bool = False
+    tie_weights: bool = Field(False, description="the LM head shares the token embedding's weights")
 
     @model_validator(mode="after")
     def _groups_fit(self) -> "LlamaDims":

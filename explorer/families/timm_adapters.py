@@ -43,14 +43,14 @@ class TimmDims(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str
-    layers: int = Field(ge=1)
-    heads: int = Field(ge=1)
-    width: int | None = Field(None, ge=1)
-    mlp: int | None = Field(None, ge=1)
-    img_size: int = Field(224, ge=1)
-    in_chans: int = Field(3, ge=1)
-    num_classes: int = Field(1000, ge=1)
+    model: str = Field(description="the timm model whose depth and heads move, e.g. `vit_small_patch16_224`")
+    layers: int = Field(ge=1, description="depth (timm's `depth`)")
+    heads: int = Field(ge=1, description="attention heads (timm's `num_heads`)")
+    width: int | None = Field(None, ge=1, description="embed dim; null: the named model's")
+    mlp: int | None = Field(None, ge=1, description="the MLP's hidden width; null: the named model's")
+    img_size: int = Field(224, ge=1, description="input side in pixels (the task fixes it)")
+    in_chans: int = Field(3, ge=1, description="input channels (the task fixes it)")
+    num_classes: int = Field(1000, ge=1, description="classes (the task fixes it)")
 
     prefix: ClassVar[str]
 
@@ -91,7 +91,7 @@ class TimmDims(BaseModel):
 class PatchDims(TimmDims):
     """Single-scale models: `patch` overrides the named model's patch size."""
 
-    patch: int | None = Field(None, ge=1)
+    patch: int | None = Field(None, ge=1, description="patch size; null: the named model's")
 
 
 class VitDims(PatchDims):
@@ -123,9 +123,9 @@ class DavitDims(TimmDims):
 
     model: str = "davit_base"
     prefix = "davit_"
-    stage1_depth: int = Field(1, ge=1)
-    stage2_depth: int = Field(1, ge=1)
-    stage4_depth: int = Field(1, ge=1)
+    stage1_depth: int = Field(1, ge=1, description="blocks of the first stage")
+    stage2_depth: int = Field(1, ge=1, description="blocks of the second stage")
+    stage4_depth: int = Field(1, ge=1, description="blocks of the fourth stage")
 
 
 @functools.lru_cache(maxsize=None)

@@ -33,9 +33,12 @@ _OBJECTIVE = re.compile(r"^(maximize|minimize)\s+(\w+)$")
 
 
 class Objective(BaseModel):
+    """One objective, written `maximize NAME` or `minimize NAME` (or as this mapping)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
-    direction: Literal["maximize", "minimize"]
-    name: str
+    direction: Literal["maximize", "minimize"] = Field(description="whether more is better")
+    name: str = Field(description="the task's metric (e.g. `accuracy`, `eval_loss`, `perplexity`), `params`, `flops` "
+                                  "or `train_time_s`")
 
 
 class SamplerSpec(BaseModel):
@@ -43,9 +46,9 @@ class SamplerSpec(BaseModel):
     default: it won bench/search.py), Optuna's `tpe`, `gp`, `nsga2`, `random`, or `grid` (every one)."""
 
     model_config = ConfigDict(extra="forbid")
-    name: Literal["budget-ei", "tpe", "gp", "nsga2", "random", "grid"] = "budget-ei"
-    seed: int = 0
-    population_size: int = Field(8, ge=2)  # nsga2 only
+    name: Literal["budget-ei", "tpe", "gp", "nsga2", "random", "grid"] = Field("budget-ei", description="the sampler")
+    seed: int = Field(0, description="the sampler's seed")
+    population_size: int = Field(8, ge=2, description="`nsga2` only: its population per generation")
 
 
 class PrunerSpec(BaseModel):
@@ -56,13 +59,16 @@ class PrunerSpec(BaseModel):
     trials are never pruned: their configuration is measured on purpose."""
 
     model_config = ConfigDict(extra="forbid")
-    name: Literal["none", "dominated", "median", "successive-halving"] = "none"
-    warmup_epochs: int = Field(1, ge=1)
-    startup_trials: int = Field(4, ge=1)
-    reduction_factor: int = Field(2, ge=2)
-    param_bins: int = Field(3, ge=1)
-    margin: float = Field(0.0, ge=0)  # dominated only, in the metric's units
-    noise: float | None = Field(None, ge=0)  # dominated only: a run's sd of the final metric; None: the study's own noise model
+    name: Literal["none", "dominated", "median", "successive-halving"] = Field("none", description="the pruning rule")
+    warmup_epochs: int = Field(1, ge=1, description="epochs a trial trains before it can be pruned")
+    startup_trials: int = Field(4, ge=1, description="complete trials needed before any trial is pruned")
+    reduction_factor: int = Field(2, ge=2, description="`successive-halving` only: how fast its rungs thin out")
+    param_bins: int = Field(3, ge=1, description="`median` and `successive-halving`: quantile bins of the space's "
+                                                 "parameter counts; a trial is compared within its bin")
+    margin: float = Field(0.0, ge=0, description="`dominated` only, in the metric's units: how far below a cheaper "
+                                                 "configuration a trial must be bound to finish")
+    noise: float | None = Field(None, ge=0, description="`dominated` only: a run's sd of the final metric; "
+                                                        "null: the study's own noise model")
 
 
 class ExecutorSpec(BaseModel):
@@ -82,39 +88,51 @@ class ExecutorSpec(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid")
-    name: Literal["local", "ray"] = "local"
-    address: str | None = None
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    cpu: float = Field(1, gt=0)
-    gpu: float | None = Field(None, ge=0)
-    n_jobs: int | None = Field(None, ge=1)
-    max_concurrent: int | None = Field(None, ge=1)
-    max_failures: int = Field(2, ge=0)
-    checkpoint_every_s: float = Field(30, ge=0)
-    storage_path: str | None = None
+    name: Literal["local", "ray"] = Field("local", description="`local`: in this process; `ray`: Ray Tune")
+    address: str | None = Field(None, description="Ray: the cluster to join (`auto`, or the head's host:port); "
+                                                  "null: a local Ray")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="what trials train on: GPUs where there "
+                                                                       "are any (`auto`), `cpu`, or `cuda` (an error without one)")
+    cpu: float = Field(1, gt=0, description="CPUs of one trial (torch's CPU threads, locally)")
+    gpu: float | None = Field(None, ge=0, description="GPUs of one trial (0.5: two trials a GPU); null: 1 on a "
+                                                      "GPU device, 0 on a CPU")
+    n_jobs: int | None = Field(None, ge=1, description="local: trials at once, in threads; null: one per GPU "
+                                                       "slot, one on a CPU")
+    max_concurrent: int | None = Field(None, ge=1, description="Ray: trials at once; null: as many as the cluster holds")
+    max_failures: int = Field(2, ge=0, description="retries of a trial whose worker died or hit a fault")
+    checkpoint_every_s: float = Field(30, ge=0, description="seconds between a trial's checkpoints, written after an "
+                                                            "epoch (0: every epoch)")
+    storage_path: str | None = Field(None, description="Ray: where Ray Tune keeps trial checkpoints, a folder every "
+                                                       "node mounts or a URI (s3://...); null: `NAME.ray/` beside the study")
 
 
 class StudySpec(BaseModel):
     """The YAML of a study, field for field."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    space: str
-    task: dict[str, Any]
-    budget: Budget = Budget()
-    replicates: ReplicateSpec = ReplicateSpec()  # how budget.seeds are spent: fixed, adaptive or decide
-    decision: DecisionSpec = DecisionSpec()  # what counts as decided (margin delta), at which budgets
-    objectives: list[Objective] | None = None
-    sampler: SamplerSpec = SamplerSpec()
-    pruner: PrunerSpec = PrunerSpec()
-    n_trials: int = Field(ge=1)
-    max_failures: int | None = Field(None, ge=1)
-    storage: str | None = None
-    storage_timeout_s: float = Field(60, gt=0)  # how long a worker waits for a locked SQLite file
-    heartbeat_s: int = Field(5, ge=1)
-    trial_timeout_s: float | None = Field(None, gt=0)  # wall-clock limit of one trial (explorer.watchdog)
-    executor: ExecutorSpec = ExecutorSpec()
-    tracking: TrackingSpec = TrackingSpec()  # trackers that receive the trials (explorer.tracking): none by default
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="the study's name in its storage")
+    space: str = Field(description="the space YAML, relative to this file")
+    task: dict[str, Any] = Field(description="`name:` of the task and its options (see the tasks reference)")
+    budget: Budget = Field(Budget(), description="how long and how one trial trains")
+    replicates: ReplicateSpec = Field(ReplicateSpec(), description="how `budget.seeds` are spent")
+    decision: DecisionSpec = Field(DecisionSpec(), description="what counts as decided, at which budgets")
+    objectives: list[Objective] | None = Field(None, description="e.g. `[maximize accuracy, minimize params]`; "
+                                                                 "null: the task's metric and parameters")
+    sampler: SamplerSpec = Field(SamplerSpec(), description="what proposes configurations")
+    pruner: PrunerSpec = Field(PrunerSpec(), description="what stops hopeless trials early")
+    n_trials: int = Field(ge=1, description="distinct configurations to measure; replicate seeds come on top")
+    max_failures: int | None = Field(None, ge=1, description="the study stops after this many trials failed by "
+                                                             "themselves; null: no limit")
+    storage: str | None = Field(None, description="an Optuna storage URL (`sqlite:///x.db`, `postgresql://...`) or "
+                                                  "`journal:PATH`; null: `sqlite:///NAME.db` beside this file")
+    storage_timeout_s: float = Field(60, gt=0, description="how long a worker waits for a locked SQLite file or the study's lock")
+    heartbeat_s: int = Field(5, ge=1, description="seconds between a running trial's heartbeats; a trial silent "
+                                                  "for 3 of them is failed and queued again")
+    trial_timeout_s: float | None = Field(None, gt=0, description="wall-clock limit of one trial, past which it "
+                                                                  "fails (explorer.watchdog); null: none")
+    executor: ExecutorSpec = Field(ExecutorSpec(), description="where trials run")
+    tracking: TrackingSpec = Field(TrackingSpec(), description="trackers that receive the trials (MLflow, TensorBoard: "
+                                                               "explorer.tracking); none by default")
 
     @field_validator("objectives", mode="before")
     @classmethod

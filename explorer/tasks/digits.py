@@ -21,10 +21,10 @@ if TYPE_CHECKING:
 
 class DigitsOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    img_size: int = Field(8, ge=1)  # resized (bilinear) when not 8, e.g. 32 for timm models
-    in_chans: int = Field(1, ge=1)  # the grey channel repeated, e.g. 3 for timm models
-    eval_fraction: float = Field(0.2, gt=0, lt=1)
-    split_seed: int = 0
+    img_size: int = Field(8, ge=1, description="side in pixels; other sizes are resized (bilinear), e.g. 32 or 224 for timm models")
+    in_chans: int = Field(1, ge=1, description="channels; the grey channel is repeated, e.g. 3 for timm models")
+    eval_fraction: float = Field(0.2, gt=0, lt=1, description="share held out for evaluation, stratified by class")
+    split_seed: int = Field(0, description="fixes the split, whatever the training seed")
 
 
 @lru_cache(maxsize=4)

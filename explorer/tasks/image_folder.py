@@ -31,12 +31,14 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 class ImageFolderOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    root: Path
-    img_size: int = Field(32, ge=1)
-    in_chans: Literal[1, 3] = 3
-    eval_fraction: float = Field(0.2, gt=0, lt=1)  # used only without root/train and root/val
-    split_seed: int = 0
-    workers: int = Field(0, ge=0)  # DataLoader worker processes for decoding
+    root: Path = Field(description="folder of class folders, or with `train/` and `val/` inside, which are then the split")
+    img_size: int = Field(32, ge=1, description="images are resized to `img_size` x `img_size` and normalised with "
+                                                "ImageNet's statistics")
+    in_chans: Literal[1, 3] = Field(3, description="3 (RGB) or 1 (grey)")
+    eval_fraction: float = Field(0.2, gt=0, lt=1, description="share of each class held out, when there is no "
+                                                              "`train/` and `val/`")
+    split_seed: int = Field(0, description="fixes that split")
+    workers: int = Field(0, ge=0, description="DataLoader processes decoding images")
 
 
 def _open_image(path: str, source: str | None) -> Image.Image:

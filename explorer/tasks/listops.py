@@ -43,13 +43,14 @@ Tree = Union[int, str, tuple["Tree", "Tree"]]
 
 class ListOpsOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)  # frozen: hashable, so generation is cached
-    n_train: int = Field(2000, ge=1)
-    n_eval: int = Field(500, ge=1)
-    max_depth: int = Field(4, ge=2)
-    max_args: int = Field(10, ge=2)
-    min_length: int = Field(16, ge=0)
-    max_length: int = Field(128, ge=3)  # also the padded sequence length
-    seed: int = 0
+    n_train: int = Field(2000, ge=1, description="distinct expressions in the training split")
+    n_eval: int = Field(500, ge=1, description="distinct expressions in the evaluation split")
+    max_depth: int = Field(4, ge=2, description="deepest nesting of operators")
+    max_args: int = Field(10, ge=2, description="most arguments of one operator")
+    min_length: int = Field(16, ge=0, description="kept expressions are longer than this, in tokens")
+    max_length: int = Field(128, ge=3, description="kept expressions are shorter than this, in tokens; also the padded "
+                                                   "sequence length")
+    seed: int = Field(0, description="the generator's seed: the same seed, the same data")
 
     @model_validator(mode="after")
     def _lengths(self) -> "ListOpsOptions":

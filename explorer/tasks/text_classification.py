@@ -32,13 +32,14 @@ VOCAB = 257  # padding + 256 byte values
 
 class TextClassificationOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    path: Path
-    text: str = "text"
-    label: str = "label"
-    seq_len: int = Field(128, ge=1)
-    eval_path: Path | None = None
-    eval_fraction: float = Field(0.1, gt=0, lt=1)
-    split_seed: int = 0
+    path: Path = Field(description="the file: `.tsv` is tab-separated and unquoted (GLUE's layout), anything else CSV")
+    text: str = Field("text", description="the header's name of the text column")
+    label: str = Field("label", description="the header's name of the label column")
+    seq_len: int = Field(128, ge=1, description="bytes per text, cut or padded")
+    eval_path: Path | None = Field(None, description="a second file to evaluate on (e.g. `dev.tsv`), relative to "
+                                                     "`path`'s folder; null: split `path`")
+    eval_fraction: float = Field(0.1, gt=0, lt=1, description="share of the rows held out, when there is no `eval_path`")
+    split_seed: int = Field(0, description="fixes that split, whatever the training seed")
 
 
 def encode(texts: list[str], seq_len: int) -> torch.Tensor:

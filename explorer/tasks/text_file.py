@@ -28,11 +28,13 @@ UNKNOWN = 0  # character-level id of a character absent from the train part
 
 class TextFileOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    path: Path
-    seq_len: int = Field(128, ge=1)
-    level: Literal["byte", "char"] = "byte"
-    eval_fraction: float = Field(0.1, gt=0, lt=1)
-    stride: int | None = Field(None, ge=1)  # between train windows; default seq_len (no overlap)
+    path: Path = Field(description="the text file")
+    seq_len: int = Field(128, ge=1, description="tokens the model sees per sample")
+    level: Literal["byte", "char"] = Field("byte", description="`byte` (vocabulary 256, any file) or `char` (the train "
+                                                               "part's characters, plus one id for unseen ones; UTF-8 only)")
+    eval_fraction: float = Field(0.1, gt=0, lt=1, description="the file's last share, evaluation only (never trained on)")
+    stride: int | None = Field(None, ge=1, description="tokens between the starts of training windows (smaller than "
+                                                       "`seq_len`: overlapping windows); null: `seq_len`")
 
 
 class Windows:

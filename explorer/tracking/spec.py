@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from explorer.errors import ExplorerError
 
@@ -25,8 +25,9 @@ class MLflowSpec(BaseModel):
     """MLflow: the experiment is the study's name (as Optuna's MLflowCallback names it) unless `experiment`."""
 
     model_config = ConfigDict(extra="forbid")
-    tracking_uri: str | None = None  # default: $MLFLOW_TRACKING_URI, else sqlite:///<folder>/<name>.mlflow.db
-    experiment: str | None = None
+    tracking_uri: str | None = Field(None, description="the MLflow tracking URI (a server, or a store); null: "
+                                                       "$MLFLOW_TRACKING_URI, else sqlite:///NAME.mlflow.db beside the study")
+    experiment: str | None = Field(None, description="the MLflow experiment; null: the study's name")
 
     def uri(self, folder: Path, name: str) -> str:
         return self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{local_store(folder, name)}"
@@ -41,7 +42,8 @@ class TensorBoardSpec(BaseModel):
     """TensorBoard: one folder of event files per trial under `log_dir` (relative to the study's folder)."""
 
     model_config = ConfigDict(extra="forbid")
-    log_dir: str | None = None  # default: <name>.tensorboard beside the study
+    log_dir: str | None = Field(None, description="the folder of event files, one folder per trial, relative to "
+                                                  "the study's YAML; null: NAME.tensorboard beside it")
 
     def folder(self, folder: Path, name: str) -> Path:
         path = Path(self.log_dir).expanduser() if self.log_dir else Path(f"{name}.tensorboard")
@@ -52,8 +54,9 @@ class TrackingSpec(BaseModel):
     """Trackers are opt-in: none by default."""
 
     model_config = ConfigDict(extra="forbid")
-    mlflow: MLflowSpec | None = None
-    tensorboard: TensorBoardSpec | None = None
+    mlflow: MLflowSpec | None = Field(None, description="each trial a run in MLflow (`true`: the defaults)")
+    tensorboard: TensorBoardSpec | None = Field(None, description="each trial a folder of TensorBoard event files "
+                                                                 "(`true`: the defaults)")
 
     @model_validator(mode="before")
     @classmethod
