@@ -32,6 +32,8 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from explorer.errors import ExplorerError
+from explorer.formats import margin as with_unit
+from explorer.formats import plural, points, split, value
 from explorer.posterior import LEVEL, Posterior, Regret, subset
 from explorer.units import format_count, parse_count
 
@@ -99,19 +101,20 @@ class Verdict:
     hi: float = float("nan")  # its 97.5% quantile
 
     def words(self, pick: str, delta: float, unit: float = 100.0, what: str = "points") -> str:
+        base = split(self.baseline)
         if self.kind == "is the baseline":
             return f"{pick} is the baseline"
         if self.kind == "unmeasured":
-            return f"baseline {self.baseline} has no completed trial in this study"
+            return f"baseline {base} has no completed trial in this study"
         if not np.isfinite(self.lo):
-            return f"against the baseline {self.baseline}: {unit * self.diff:+.1f} {what}, no interval (one seed each)"
+            return f"against the baseline {base}: {unit * self.diff:+.1f} {what}, no interval (one seed each)"
         shown = f"{unit * self.diff:+.1f} {what}, 95% interval {unit * self.lo:+.1f} to {unit * self.hi:+.1f}"
-        margin = f"{unit * delta:.2g} {what}"
-        said = {"beats": f"{pick} beats the baseline {self.baseline}",
-                "worse": f"the baseline {self.baseline} beats {pick} (the budget costs {what})",
-                "equivalent": f"{pick} is equivalent to the baseline {self.baseline} within {margin}",
-                "non-inferior": f"{pick} is not worse than the baseline {self.baseline} by more than {margin}",
-                "no evidence": f"no evidence either way between {pick} and the baseline {self.baseline}"}[self.kind]
+        margin = with_unit(delta, unit, what, exact=True)
+        said = {"beats": f"{pick} beats the baseline {base}",
+                "worse": f"the baseline {base} beats {pick} (the budget costs {what})",
+                "equivalent": f"{pick} is equivalent to the baseline {base} within {margin}",
+                "non-inferior": f"{pick} is not worse than the baseline {base} by more than {margin}",
+                "no evidence": f"no evidence either way between {pick} and the baseline {base}"}[self.kind]
         return f"{said}: {shown}"
 
 
@@ -145,6 +148,9 @@ class Answer:
     advice: dict[str, int] = field(default_factory=dict)  # undecided: more seeds per configuration that would decide it
     advice_reached: bool = True  # False: even ADVICE_CAP more seeds would not (advice is then where they would go)
     noise_dof: float = float("inf")  # degrees of freedom of the run noise estimate the bound rests on
+    cap: int | None = None  # the study's seeds per configuration
+    at_cap: int = 0  # measured configurations within the budget already at `cap`
+    past_cap: bool = False  # seeds below the cap cannot decide it: `advice` is what would, were the cap raised
 
     @property
     def pick(self) -> str:
@@ -159,26 +165,37 @@ class Answer:
         """eps <= delta, on a noise estimate of at least MIN_NOISE_DOF degrees of freedom."""
         return bool(np.isfinite(self.eps) and self.eps <= self.delta and self.noise_dof >= MIN_NOISE_DOF)
 
+    def advice_words(self) -> str:
+        """Where more seeds would go, each with its count: `3 / 8 (4 seeds), 5 / 8 (1 seed)`."""
+        return ", ".join(f"{split(k)} ({plural(n, 'seed')})" for k, n in self.advice.items())
+
     def words(self, unit: float = 100.0, what: str = "points") -> list[str]:
         """The answer's lines: the bound and whether it decides, the verdict, what would decide it."""
-        margin = f"{unit * self.delta:.2g} {what}"
+        margin = with_unit(self.delta, unit, what, exact=True)
+        pick = split(self.pick)
         if not np.isfinite(self.eps):
-            out = [f"use {self.pick} (the best mean): no bound yet, one seed per configuration; undecided"]
+            out = [f"use {pick} (the best mean): no bound yet, one seed per configuration; undecided"]
         else:
             state = ("decided" if self.decided else f"undecided (margin {margin})" if self.eps > self.delta else
                      f"undecided: the run noise rests on {self.noise_dof:g} degrees of freedom of replicates, "
                      f"{MIN_NOISE_DOF} needed (more seeds of any configurations)")
-            out = [f"use {self.pick}: within {unit * self.eps:.2g} {what} of the best configuration within the budget "
+            out = [f"use {pick}: within {with_unit(self.eps, unit, what)} of the best configuration within the budget "
                    f"({self.level:.0%}); {state}"]
         if self.verdict is not None:
-            out.append(self.verdict.words(self.pick, self.delta, unit, what))
-        if not self.decided and self.advice:
-            seeds = ", ".join(f"{k} ({n})" for k, n in self.advice.items())
-            total = sum(self.advice.values())
-            head = (f"about {total} more seeds would decide it" if self.advice_reached
-                    else f"more than {total} more seeds would be needed; the first would go")
-            out.append(f"{head}: {seeds}")
-        return out
+            out.append(self.verdict.words(pick, self.delta, unit, what))
+        return out + ([self.seeds_words()] if self.seeds_words() else [])
+
+    def seeds_words(self) -> str:
+        """Undecided: how many more seeds would decide it and where they would go, or why none can; else ''."""
+        if self.decided:
+            return ""
+        total = sum(self.advice.values())
+        head = (f"about {plural(total, 'more seed')} would decide it" if self.advice_reached
+                else f"{plural(total, 'more seed')} would narrow it but not decide it")
+        if self.past_cap:  # said as what raising the cap would buy, never as seeds the study will run
+            head = (f"seeds below the study's cap of {self.cap} per configuration cannot decide it ({self.at_cap} within "
+                    f"the budget at the cap); with budget.seeds (or decision.max_seeds) raised, {head}")
+        return f"{head}: {self.advice_words()}" if self.advice else ""
 
 
 def within(posterior: Posterior, budget: int) -> tuple[str, ...]:
@@ -187,9 +204,10 @@ def within(posterior: Posterior, budget: int) -> tuple[str, ...]:
 
 
 def answer(posterior: Posterior, budget: int, baseline: str | None, delta: float, level: float = LEVEL,
-           room: Mapping[str, int] | None = None, advise: bool = True) -> Answer:
+           room: Mapping[str, int] | None = None, advise: bool = True, cap: int | None = None) -> Answer:
     """The answer at `budget`; undecided, which configurations and how many seeds would decide it
-    (`room`: seeds each may still get; none: no limit; `advise`: False leaves that out)."""
+    (`room`: seeds each may still get; `cap`: the study's seeds per configuration, giving `room` when
+    it is None; neither: no limit; `advise`: False leaves that out)."""
     keys = within(posterior, budget)
     if not keys:
         raise ExplorerError(f"no configuration within {format_count(budget)} parameters", field="budget")
@@ -198,8 +216,14 @@ def answer(posterior: Posterior, budget: int, baseline: str | None, delta: float
     said = Answer(budget, regret, delta, level, verdict(posterior, regret.pick, baseline, delta, level), noise_dof=dof)
     if said.decided or not advise:
         return said
+    if room is None and cap is not None:
+        room = {k: max(cap - int(posterior.n[posterior.index[k]]), 0) for k in keys if posterior.n[posterior.index[k]] > 0}
+    at_cap = sum(1 for k in keys if room is not None and k in room and room[k] <= 0)
     advice, reached = seeds_to_decide(posterior, keys, delta, level, room)
-    return Answer(budget, regret, delta, level, said.verdict, advice, reached, dof)
+    past = bool(at_cap) and not reached  # the cap stops it: what would decide it were the cap raised
+    if past:
+        advice, reached = seeds_to_decide(posterior, keys, delta, level)
+    return Answer(budget, regret, delta, level, said.verdict, advice, reached, dof, cap, at_cap, past)
 
 
 def distinct(posterior: Posterior, budgets: Sequence[int]) -> dict[tuple[str, ...], list[int]]:
@@ -272,7 +296,7 @@ def seeds_to_decide(posterior: Posterior, keys: Sequence[str], delta: float, lev
     `delta` (imagined, greedily); (advice, reached) with `reached` False past `cap` seeds."""
     if not posterior.has_intervals:
         top = sorted((k for k in keys if k in posterior.index), key=lambda k: -posterior.sign() * posterior.raw[posterior.index[k]])
-        return {k: 1 for k in top[:2]}, False
+        return {k: 1 for k in [k for k in top if (room or {}).get(k, 1) > 0][:2]}, False
     measured = {k: (room or {}).get(k, cap) for k in keys if posterior.n[posterior.index[k]] > 0}
     return _greedy(posterior, [tuple(keys)], delta, level, measured, cap, repeat=True)
 
@@ -323,17 +347,18 @@ def _claim_outruns(posterior: Posterior, picks: Sequence[str], baseline: str, de
 
 def table(answers: Sequence[tuple[list[int], Answer]], posterior: Posterior, metric: str, higher_is_better: bool) -> pd.DataFrame:
     """The answers at a study's budgets as rows to show (status, the dashboard): budgets, the configuration
-    to use, its params, mean and 95% interval, eps, decided, the verdict, where more seeds would go."""
+    to use, its params, mean and 95% interval, eps, decided, the verdict, what more seeds would do."""
     lo, hi = posterior.interval()
     unit, what = (100.0, "points") if higher_is_better else (1.0, metric)
     rows = []
     for at, a in answers:
         i = posterior.index[a.pick]
-        rows.append({"budget": " to ".join(dict.fromkeys(format_count(b) for b in (at[0], at[-1]))), "use": a.pick,
-                     "params": int(posterior.params[i]), metric: f"{posterior.mean[i]:.4g}",
-                     "95% interval": f"{lo[i]:.4g} to {hi[i]:.4g}" if posterior.has_intervals else "",
-                     f"ε ({what})": f"{unit * a.eps:.2g}" if np.isfinite(a.eps) else "",
+        rows.append({"budget": " to ".join(dict.fromkeys(format_count(b) for b in (at[0], at[-1]))), "use": split(a.pick),
+                     "params": int(posterior.params[i]), metric: value(posterior.mean[i], higher_is_better),
+                     "95% interval": f"{value(lo[i], higher_is_better)} to {value(hi[i], higher_is_better)}"
+                     if posterior.has_intervals else "",
+                     f"ε ({what})": (points(a.eps) if higher_is_better else f"{a.eps:.2g}") if np.isfinite(a.eps) else "",
                      "decided": "yes" if a.decided else "no",
                      "vs baseline": a.verdict.kind if a.verdict is not None else "",
-                     "more seeds would go to": "" if a.decided else ", ".join(f"{k} ({n})" for k, n in a.advice.items())})
+                     "more seeds": a.seeds_words()})
     return pd.DataFrame(rows)

@@ -37,6 +37,8 @@ import pandas as pd
 from scipy import optimize, stats
 
 from explorer.errors import ExplorerError
+from explorer.formats import split
+from explorer.formats import value as shown
 from explorer.units import format_count
 
 DIMS = ("layers", "heads", "width", "mlp")
@@ -234,6 +236,7 @@ class Extrapolation:
     reach: float = REACH
     refusal: str | None = None
     outside: frozenset[str] = frozenset()  # candidates past the space's declared ranges
+    higher_is_better: bool = True  # an accuracy-like metric: written to 3 decimals
 
     @property
     def factor(self) -> float:
@@ -247,21 +250,22 @@ class Extrapolation:
         assert b is not None
         where = (f"{self.factor:.1f}x the largest measured configuration ({format_count(self.measured_max_params)})"
                  if self.factor > 1 else "within the measured range")
+        like = self.higher_is_better
         out = [
-            f"budget {format_count(self.budget)}, {where}: predicted best {b.key}, {format_count(b.params)} params, "
-            f"{self.metric} {b.value:.4g} [{b.lo:.4g}, {b.hi:.4g}] ({LEVEL:.0%} bootstrap prediction interval; "
-            f"best in {b.p_best:.0%} of refits; predicted, not measured)",
+            f"budget {format_count(self.budget)}, {where}: predicted best {split(b.key)}, {format_count(b.params)} params, "
+            f"{self.metric} {shown(b.value, like)} ({LEVEL:.0%} bootstrap prediction interval {shown(b.lo, like)} to "
+            f"{shown(b.hi, like)}; best in {b.p_best:.0%} of refits; predicted, not measured)",
             f"model: {self.model}",
         ]
         if b.key in self.outside:
-            out.append(f"{b.key} is past the space's declared ranges (its fixed dimensions and constraints kept): "
+            out.append(f"{split(b.key)} is past the space's declared ranges (its fixed dimensions and constraints kept): "
                        "`explorer recommend ... --verify` trains it at the study's budget, in a study of its own")
         if self.rivals:
-            shown = ", ".join(f"{r.key} ({format_count(r.params)}, {r.value:.4g} [{r.lo:.4g}, {r.hi:.4g}])"
-                              for r in self.rivals[:5])
-            more = f", and {len(self.rivals) - 5} more" if len(self.rivals) > 5 else ""
+            rivals = "; ".join(f"{split(r.key)}: {format_count(r.params)} params, {shown(r.value, like)} ({LEVEL:.0%} "
+                               f"interval {shown(r.lo, like)} to {shown(r.hi, like)})" for r in self.rivals[:5])
+            more = f"; and {len(self.rivals) - 5} more" if len(self.rivals) > 5 else ""
             out.append(f"not distinguishable from it (the refits' paired {LEVEL:.0%} interval of the difference "
-                       f"includes 0): {shown}{more}")
+                       f"includes 0): {rivals}{more}")
         else:
             out.append("every other split within the budget is predicted worse (paired over the refits)")
         return out
@@ -299,7 +303,7 @@ def answer(model: ShapeModel, candidates: Sequence[Candidate], budget: int, meas
              for (k, d, p), v, a, b, w in zip(inside, value, lo, hi, wins)]
     rivals = sorted((i for i in range(len(preds)) if tied[i] and i != first), key=lambda i: (-value[i], preds[i].params))
     return Extrapolation(int(budget), top, model.metric, preds[first], tuple(preds[i] for i in rivals),
-                         model.describe(), reach, outside=outside)
+                         model.describe(), reach, outside=outside, higher_is_better=model.higher_is_better)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import pandas as pd
 
 from explorer.decisions import Answer, DecisionSpec, answer
 from explorer.errors import ExplorerError
+from explorer.formats import dims_of, interval, margin, plural, split, split_header, value
 from explorer.posterior import LEVEL, Posterior
 from explorer.stats import Candidate, summarize
 from explorer.units import format_count
@@ -82,45 +83,48 @@ class Recommendation:
     def lines(self) -> list[str]:
         """The answer first (pick, bound, decided or not), then its value, the verdict, what would decide it."""
         unit, what = self.units()
-        shape = ", ".join(f"{d}={self.dims[d]}" for d in ("mlp", "width") if self.dims.get(d) is not None)
+        free = dims_of(self.key)
+        shape = ", ".join(f"{d} {self.dims[d]}" for d in ("mlp", "width") if self.dims.get(d) is not None and d not in free)
         said = self.answer.words(unit, what)
+        pick = split(self.key)
+        label = "; ".join(filter(None, (split_header(free) if free else "", shape)))
         out = [f"budget {format_count(self.budget)}: {said[0]}",
-               f"{self.key}{f' ({shape})' if shape else ''}, {format_count(self.params)} params, {self._value()}"]
+               f"{pick}{f' ({label})' if label else ''}, {format_count(self.params)} params, {self._value()}"]
         if self.model:
             out.append(f"model: {self.model}")
         out += said[1:]
         if self.tied:
-            smaller = (f"; the smallest: {self.tied[0]}, {format_count(self.tied_params[0])} params"
+            smaller = (f"; the smallest: {split(self.tied[0])}, {format_count(self.tied_params[0])} params"
                        if self.tied_params[0] < self.params else "; none of them is smaller")
-            out.append(f"{len(self.equivalent)} configurations within budget equivalent to {self.key} within "
-                       f"{unit * self.delta:.2g} {what}; {len(self.tied) - len(self.equivalent)} more not told apart "
+            out.append(f"{plural(len(self.equivalent), 'configuration')} within budget equivalent to {pick} within "
+                       f"{margin(self.delta, unit, what, exact=True)}; {len(self.tied) - len(self.equivalent)} more not told apart "
                        f"from it{smaller}")
             if self.list_ties:
-                listed = ", ".join(f"{k} ({format_count(p)}{', equivalent' if k in self.equivalent else ''})"
-                                   for k, p in zip(self.tied, self.tied_params))
-                out.append(f"not told apart from it: {listed}")
-        around = [k for k in self.verify if k != self.key]
+                out.append("not told apart from it:")
+                out += [f"  {split(k)} ({format_count(p)} params{', equivalent' if k in self.equivalent else ''})"
+                        for k, p in zip(self.tied, self.tied_params)]
+        around = [split(k) for k in self.verify if k != self.key]
         if self.kind == "predicted" or around:
             out.append(f"to check it, measure {'it and ' if self.kind == 'predicted' else ''}its neighbours "
-                       f"(`explorer recommend ... --verify` queues them): {'; '.join(around) or self.key}")
+                       f"(`explorer recommend ... --verify` queues them): {', '.join(around) or pick}")
         if self.pruned:
             out.append(f"pruned within budget, never completed (a pruned configuration comes back once when the "
-                       f"evidence against it weakens): {', '.join(self.pruned)}")
+                       f"evidence against it weakens): {', '.join(map(split, self.pruned))}")
         if self.space_max is not None:
             out.append(f"the budget binds nothing in the space: its largest configuration has {format_count(self.space_max)} "
                        "params, so within the space this is the answer at that size")
         return out + list(self.beyond)
 
     def _value(self) -> str:
-        metric = f"{self.metric} {self.value:.4g}"
+        like = self.higher_is_better
+        metric = f"{self.metric} {value(self.value, like)}"
         if not math.isfinite(self.lo):
-            return (f"{metric} (measured at {self.n} seed{'s' if self.n != 1 else ''}; one seed per configuration: no "
+            return (f"{metric} (measured at {plural(self.n, 'seed')}; one seed per configuration: no "
                     "interval yet, a second seed of some configurations gives one)")
-        interval = f"{LEVEL:.0%} interval {self.lo:.4g} to {self.hi:.4g}"
+        said = interval(self.lo, self.hi, like, f"{LEVEL:.0%} interval")
         if self.kind == "predicted":
-            return f"{metric} ({interval}; predicted by the surface, not measured)"
-        seeds = f"{self.n} seed{'s' if self.n != 1 else ''}"
-        return f"{metric} ({interval}; measured at {seeds}, plain mean {self.raw:.4g}, trial {self.trial} first)"
+            return f"{metric} ({said}; predicted by the surface, not measured)"
+        return f"{metric} ({said}; measured at {plural(self.n, 'seed')}, plain mean {value(self.raw, like)}, trial {self.trial} first)"
 
 
 def _neighbours(key: str, known: pd.DataFrame, budget: int) -> tuple[str, ...]:
@@ -178,10 +182,10 @@ def describe(post: Posterior) -> str:
 
 def recommend(df: pd.DataFrame, budget: int, baseline_key: str | None, metric: str = "accuracy",
               candidates: Sequence[Candidate] = (), higher_is_better: bool = True, decision: DecisionSpec | None = None,
-              list_ties: bool = False, first_seed: int = 0) -> Recommendation:
+              list_ties: bool = False, first_seed: int = 0, cap: int | None = None) -> Recommendation:
     """The answer at `budget` from a `trials_frame`: the pick with its bound, decided or not, its verdict
     against the baseline; `candidates` (the space's feasible configurations) are predicted where
-    unmeasured and count among "the configurations within the budget"."""
+    unmeasured and count among "the configurations within the budget"; more seeds are offered only below `cap`."""
     decision = decision or DecisionSpec()
     done = df[df["state"] == "COMPLETE"].dropna(subset=[metric, "params"])
     if "duplicate_of" in done:
@@ -194,7 +198,7 @@ def recommend(df: pd.DataFrame, budget: int, baseline_key: str | None, metric: s
     post: Posterior = table.attrs["posterior"]
     best = float(np.nanmax(post.sign() * table["mean"])) * post.sign()
     delta = decision.margin(higher_is_better, best)
-    said = answer(post, budget, baseline_key, delta, decision.level)
+    said = answer(post, budget, baseline_key, delta, decision.level, cap=cap)
     key = said.pick
     i = post.index[key]
     lo, hi = post.interval(decision.level)
