@@ -67,6 +67,11 @@ MISTAKES = [
 ]
 
 
+COMMANDS = ("params", "run", "resume", "status", "export", "dashboard", "recommend", "condition")
+MISTAKES += [([name, "--bogus"], "No such option: --bogus") for name in COMMANDS]  # every command, the generic kinds too
+MISTAKES += [([name, SPACE, SPACE, SPACE], "") for name in COMMANDS if name != "dashboard"]  # extra arguments
+
+
 @pytest.mark.parametrize("args, words", MISTAKES, ids=[" ".join(a)[:40] for a, _ in MISTAKES])
 def test_a_mistake_on_the_command_line_is_a_usage_line_and_one_error_line_exit_2(
         args: list[str], words: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
