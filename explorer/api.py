@@ -138,22 +138,17 @@ class Experiment:
             learning=study.reads.learning(frame),
         )
 
-    def export(self, target: str | Path, format: str = "csv") -> tuple[Path, Path, int, int]:
-        """Write the trials table to `target` and the per-configuration table beside it
-        (t.csv -> t.configs.csv; parquet likewise); returns both paths and their row counts."""
+    def export(self, target: str | Path, format: str | None = None) -> tuple[Path, Path, int, int]:
+        """Write the trials table to `target` and the per-configuration table beside it (t.csv -> t.configs.csv;
+        parquet likewise), in the format the extension names (`format` may repeat it; without an extension:
+        `format`, default csv); returns both paths and their row counts (explorer.export)."""
+        from explorer.export import export_format, write
+
         target = Path(target)
+        format = export_format(target, format)  # a contradiction is refused before the storage is read
         frame = self.trials()
-        configs = self.study.reads.summary(self.optuna_study()).reindex(columns=CONFIG_COLUMNS)
-        configs.attrs.clear()  # the pooled variance it carries is no column, and parquet cannot store it
-        suffix = target.suffix or f".{format}"
-        beside = target.with_name(target.name.removesuffix(target.suffix) + ".configs" + suffix)
-        if format == "csv":
-            frame.to_csv(target, index=False)
-            configs.to_csv(beside, index=False)
-        else:
-            frame.assign(curve=frame["curve"].map(list), config=frame["config"].map(str)).to_parquet(target, index=False)
-            configs.to_parquet(beside, index=False)
-        return target, beside, len(frame), len(configs)
+        configs = self.study.reads.summary(self.optuna_study())  # at the study's target length, as status reads it
+        return target, write(frame, configs, target, format), len(frame), len(configs)
 
     def optuna_study(self) -> optuna.Study:
         """The stored Optuna study, loaded without writing to it (an ExplorerError if it was never run);
@@ -238,6 +233,7 @@ def _override(study: Study, tracking: Sequence[str] = (), **executor: str | None
 
     spec, changes = study.spec, {k: v for k, v in executor.items() if v is not None}
     spec.tracking = spec.tracking.with_flags(tracking)
+    study.flags = {k: f"--{k}" for k in changes}
     if changes:
         try:
             spec.executor = ExecutorSpec.model_validate({**spec.executor.model_dump(), **changes})
@@ -320,10 +316,6 @@ class Status:
     learning: str | None = None  # the runs were still learning when they stopped (explorer.learning), in words
 
 
-CONFIG_COLUMNS = ["arch", "layers", "heads", "width", "mlp", "params", "n", "raw", "mean", "std", "se", "lo", "hi",
-                  "front_prob", "on_front", "tied_with", "seeds", "values"]
-
-
 def dashboard(studies: list[str | Path], out: str | Path | None = None) -> Path:
     """One self-contained HTML dashboard of one or more studies (several: compared on one front)."""
     from explorer.dashboard import render_studies  # plotly: imported only when asked for
@@ -372,8 +364,11 @@ def params(space: str | Path | None = None, family: str | None = None,
         loc, msg = first_error(e, fam.Dims)
         raise ExplorerError(msg, source=family, field=".".join(map(str, loc)) or None) from None
     n = fam.params(full)
-    return (pd.DataFrame([{**given, "params": n, "M": format_count(n), "flops": fam.flops(full)}]),
-            f"{family}, counted {fam.counting}")
+    shown = {k: full[k] for k in ("layers", "heads", "width", "mlp") if full.get(k) is not None}
+    defaulted = [f"{k} {v}" for k, v in full.items() if k not in given and v is not None]
+    said = f"; not given, so the family's defaults: {', '.join(defaulted)}" if defaulted else ""
+    return (pd.DataFrame([{**shown, **given, "params": n, "M": format_count(n), "flops": fam.flops(full)}]),
+            f"{family}, counted {fam.counting}{said}")
 
 
 def condition(space: str | Path, task: str = "digits", options: Mapping[str, Any] | None = None, seeds: int = 3,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from explorer.executors import TrialCallback, get_executor
+from explorer.formats import interval, plural, split, value
 from explorer.recommend import Recommendation
 from explorer.space import wider
 from explorer.study import Study
@@ -27,6 +28,8 @@ def verify_outside(study: Study, rec: Recommendation, on_trial: TrialCallback | 
     beyond.queue.verification(ostudy, [key])
     get_executor(spec.executor.name).run(beyond, ostudy, on_trial)
     row = beyond.reads.summary(beyond.read(), draws=0).set_index("arch").loc[key]
-    seeds = f"{int(row['n'])} seed{'s' if row['n'] != 1 else ''}"
-    interval = f" (95% interval {row['lo']:.4g} to {row['hi']:.4g})" if np.isfinite(row["lo"]) else ""
-    return [f"{key} measured in {spec.name} ({seeds}): {study.task.metric} {row['raw']:.4g}{interval}"]
+    like = study.task.higher_is_better
+    said = f" ({interval(row['lo'], row['hi'], like)})" if np.isfinite(row["lo"]) else ""
+    return [f"{split(key)} measured in {spec.name} ({plural(int(row['n']), 'seed')}): {study.task.metric} "
+            f"{value(row['raw'], like)}{said}"]
+

@@ -37,7 +37,10 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from explorer.errors import ExplorerError
-from explorer.posterior import LEVEL, Posterior, Regret, at_length, row_key, split_row, subset
+from explorer.formats import margin as with_unit
+from explorer.formats import plural, points, split, value
+from explorer.posterior import LEVEL, Posterior, Regret, at_length, row_key, split_row
+from explorer.voi import greedy, ladder_of, seeds_to_decide
 from explorer.units import format_count, parse_count
 
 _BELOW = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*%\s*-?\s*below\s*-?\s*baseline\s*$", re.IGNORECASE)
@@ -65,10 +68,7 @@ def parse_budget(text: str, baseline_params: int | None = None) -> int:
 ACCURACY_DELTA = 0.01  # 1 point of an accuracy-like metric: the default study's top seed sd is 1.3 points, 1/360 a step
 LOSS_DELTA = 0.01  # of the best mean: a loss has no natural scale, so the margin is relative
 DEFAULT_BUDGETS = 10
-CONTENDER = 0.005  # share of draws in which a configuration is the best that makes it matter to the seed policy
 MIN_NOISE_DOF = 12  # a bound is no decision before the run noise is estimated on this many degrees of freedom
-OPTIONS = 8  # configurations the seed policy weighs per seed: those most often the best of an undecided question
-ADVICE_CAP = 60  # seeds the advice for an undecided budget looks through
 
 
 class DecisionSpec(BaseModel):
@@ -112,19 +112,20 @@ class Verdict:
     hi: float = float("nan")  # its 97.5% quantile
 
     def words(self, pick: str, delta: float, unit: float = 100.0, what: str = "points") -> str:
+        base = split(self.baseline)
         if self.kind == "is the baseline":
             return f"{pick} is the baseline"
         if self.kind == "unmeasured":
-            return f"baseline {self.baseline} has no completed trial in this study"
+            return f"baseline {base} has no completed trial in this study"
         if not np.isfinite(self.lo):
-            return f"against the baseline {self.baseline}: {unit * self.diff:+.1f} {what}, no interval (one seed each)"
+            return f"against the baseline {base}: {unit * self.diff:+.1f} {what}, no interval (one seed each)"
         shown = f"{unit * self.diff:+.1f} {what}, 95% interval {unit * self.lo:+.1f} to {unit * self.hi:+.1f}"
-        margin = f"{unit * delta:.2g} {what}"
-        said = {"beats": f"{pick} beats the baseline {self.baseline}",
-                "worse": f"the baseline {self.baseline} beats {pick} (the budget costs {what})",
-                "equivalent": f"{pick} is equivalent to the baseline {self.baseline} within {margin}",
-                "non-inferior": f"{pick} is not worse than the baseline {self.baseline} by more than {margin}",
-                "no evidence": f"no evidence either way between {pick} and the baseline {self.baseline}"}[self.kind]
+        margin = with_unit(delta, unit, what, exact=True)
+        said = {"beats": f"{pick} beats the baseline {base}",
+                "worse": f"the baseline {base} beats {pick} (the budget costs {what})",
+                "equivalent": f"{pick} is equivalent to the baseline {base} within {margin}",
+                "non-inferior": f"{pick} is not worse than the baseline {base} by more than {margin}",
+                "no evidence": f"no evidence either way between {pick} and the baseline {base}"}[self.kind]
         return f"{said}: {shown}"
 
 
@@ -159,6 +160,9 @@ class Answer:
     advice_reached: bool = True  # False: even ADVICE_CAP more seeds would not (advice is then where they would go)
     noise_dof: float = float("inf")  # degrees of freedom of the run noise estimate the bound rests on
     measured: bool = True  # some configuration within the budget has a run at the answer's length
+    cap: int | None = None  # the study's seeds per configuration
+    at_cap: int = 0  # measured configurations within the budget already at `cap`
+    past_cap: bool = False  # seeds below the cap cannot decide it: `advice` is what would, were the cap raised
 
     @property
     def pick(self) -> str:
@@ -173,35 +177,49 @@ class Answer:
         """eps <= delta, on a noise estimate of at least MIN_NOISE_DOF degrees of freedom, with runs at its length."""
         return bool(np.isfinite(self.eps) and self.eps <= self.delta and self.noise_dof >= MIN_NOISE_DOF and self.measured)
 
+    def advice_words(self) -> str:
+        """Where more seeds would go, each with its count: `3 / 8 (4 seeds), 5 / 8 (1 seed)`; with several
+        lengths, runs: `3 / 8 at 40 epochs (2 runs)`."""
+        return ", ".join(f"{shown(k)} ({plural(n, 'seed' if split_row(k)[1] is None else 'run')})"
+                         for k, n in self.advice.items())
+
     def words(self, unit: float = 100.0, what: str = "points") -> list[str]:
         """The answer's lines: the bound and whether it decides, the verdict, what would decide it."""
-        margin = f"{unit * self.delta:.2g} {what}"
+        margin = with_unit(self.delta, unit, what, exact=True)
+        pick = split(self.pick)
         if not np.isfinite(self.eps):
-            out = [f"use {self.pick} (the best mean): no bound yet, one seed per configuration; undecided"]
+            out = [f"use {pick} (the best mean): no bound yet, one seed per configuration; undecided"]
         else:
             state = ("decided" if self.decided else f"undecided (margin {margin})" if self.eps > self.delta else
                      "undecided: no run within the budget reached this length yet (predicted from shorter runs)"
                      if not self.measured else
                      f"undecided: the run noise rests on {self.noise_dof:g} degrees of freedom of replicates, "
                      f"{MIN_NOISE_DOF} needed (more seeds of any configurations)")
-            out = [f"use {self.pick}: within {unit * self.eps:.2g} {what} of the best configuration within the budget "
+            out = [f"use {pick}: within {with_unit(self.eps, unit, what)} of the best configuration within the budget "
                    f"({self.level:.0%}); {state}"]
         if self.verdict is not None:
-            out.append(self.verdict.words(self.pick, self.delta, unit, what))
-        if not self.decided and self.advice:
-            seeds = ", ".join(f"{shown(k)} ({n})" for k, n in self.advice.items())
-            total = sum(self.advice.values())
-            what = "runs" if any(split_row(k)[1] is not None for k in self.advice) else "seeds"
-            head = (f"about {total} more {what} would decide it" if self.advice_reached
-                    else f"more than {total} more {what} would be needed; the first would go")
-            out.append(f"{head}: {seeds}")
-        return out
+            out.append(self.verdict.words(pick, self.delta, unit, what))
+        return out + ([self.seeds_words()] if self.seeds_words() else [])
+
+    def seeds_words(self) -> str:
+        """Undecided: how many more seeds (runs, with several lengths) would decide it and where they would go,
+        or why none can; else ''."""
+        if self.decided:
+            return ""
+        total = sum(self.advice.values())
+        more = "more run" if any(split_row(k)[1] is not None for k in self.advice) else "more seed"
+        head = (f"about {plural(total, more)} would decide it" if self.advice_reached
+                else f"{plural(total, more)} would narrow it but not decide it")
+        if self.past_cap:  # said as what raising the cap would buy, never as seeds the study will run
+            head = (f"seeds below the study's cap of {self.cap} per configuration cannot decide it ({self.at_cap} within "
+                    f"the budget at the cap); with budget.seeds (or decision.max_seeds) raised, {head}")
+        return f"{head}: {self.advice_words()}" if self.advice else ""
 
 
 def shown(row: str) -> str:
-    """A configuration, or a (configuration, length) row in words."""
+    """A configuration, or a (configuration, length) row, in words: `3 / 8`, `3 / 8 at 40 epochs`."""
     key, epochs = split_row(row)
-    return key if epochs is None else f"{key} at {epochs} epochs"
+    return split(key) if epochs is None else f"{split(key)} at {epochs} epochs"
 
 
 def within(posterior: Posterior, budget: int) -> tuple[str, ...]:
@@ -210,11 +228,12 @@ def within(posterior: Posterior, budget: int) -> tuple[str, ...]:
 
 
 def answer(posterior: Posterior, budget: int, baseline: str | None, delta: float, level: float = LEVEL,
-           room: Mapping[str, int] | None = None, advise: bool = True, full: Posterior | None = None,
-           epochs: int | None = None) -> Answer:
+           room: Mapping[str, int] | None = None, advise: bool = True, cap: int | None = None,
+           full: Posterior | None = None, epochs: int | None = None) -> Answer:
     """The answer at `budget`; undecided, which configurations and how many seeds would decide it
-    (`room`: seeds each may still get; none: no limit; `advise`: False leaves that out). With several
-    lengths `posterior` is `full` read at `epochs`, and the advice names runs of any length of `full`."""
+    (`room`: seeds each may still get; `cap`: the study's seeds per configuration, giving `room` when
+    it is None; neither: no limit; `advise`: False leaves that out). With several lengths `posterior` is
+    `full` read at `epochs`, and the advice names runs of any length of `full`."""
     keys = within(posterior, budget)
     if not keys:
         raise ExplorerError(f"no configuration within {format_count(budget)} parameters", field="budget")
@@ -225,11 +244,16 @@ def answer(posterior: Posterior, budget: int, baseline: str | None, delta: float
                   measured=measured)
     if said.decided or not advise:
         return said
-    if full is not None and epochs is not None and full is not posterior:
-        advice, reached = seeds_to_decide(full, [row_key(k, epochs) for k in keys], delta, level, room, ladder=_ladder(full))
-    else:
-        advice, reached = seeds_to_decide(posterior, keys, delta, level, room)
-    return Answer(budget, regret, delta, level, said.verdict, advice, reached, dof, measured)
+    ladder = ladder_of(full) if full is not None and epochs is not None and full is not posterior else []
+    source, asked = (full, [row_key(k, epochs) for k in keys]) if ladder else (posterior, list(keys))
+    if room is None and cap is not None:
+        room = {k: max(cap - int(n), 0) for k, n in zip(source.keys, source.n) if n > 0 or ladder}
+    at_cap = sum(1 for k in asked if room is not None and k in room and room[k] <= 0)
+    advice, reached = seeds_to_decide(source, asked, delta, level, room, ladder=ladder)
+    past = bool(at_cap) and not reached  # the cap stops it: what would decide it were the cap raised
+    if past:
+        advice, reached = seeds_to_decide(source, asked, delta, level, ladder=ladder)
+    return Answer(budget, regret, delta, level, said.verdict, advice, reached, dof, measured, cap, at_cap, past)
 
 
 def distinct(posterior: Posterior, budgets: Sequence[int]) -> dict[tuple[str, ...], list[int]]:
@@ -240,91 +264,6 @@ def distinct(posterior: Posterior, budgets: Sequence[int]) -> dict[tuple[str, ..
         if keys:
             out.setdefault(keys, []).append(int(b))
     return out
-
-
-def _contenders(posterior: Posterior, keys: Sequence[str], latent: np.ndarray) -> tuple[tuple[str, ...], tuple[float, ...]]:
-    """The configurations of `keys` that are the best in at least CONTENDER of the draws (the regret of
-    any pick is, but for those few draws, over these), and those shares."""
-    cols = [posterior.index[k] for k in keys]
-    x = posterior.sign() * posterior.metric_draws(cols, latent)
-    share = np.bincount(np.argmax(x, axis=1), minlength=len(keys)) / len(x)
-    keep = [i for i, s in enumerate(share) if s >= CONTENDER] or [int(np.argmax(share))]
-    return tuple(keys[i] for i in keep), tuple(float(share[i]) for i in keep)
-
-
-def _greedy(posterior: Posterior, sets: Sequence[tuple[str, ...]], delta: float, level: float,
-            room: Mapping[str, int], steps: int, repeat: bool, ladder: Sequence[int] = ()) -> tuple[dict[str, int], bool]:
-    """Seeds one at a time where the summed excess of the bounds over delta shrinks most, imagining each
-    (one per configuration unless `repeat`); (seeds per configuration, whether every bound reached delta).
-    A seed is judged by the questions whose contenders it is among (its effect on the others, through
-    the surface, is second order and left out). With a `ladder` the questions hold rows at one length and
-    a contender's run may be bought at any length of it, judged by the shrinkage per second (`cost`)."""
-    found = [_contenders(posterior, s, posterior.latent_draws) for s in sets]
-    share: dict[str, float] = {}
-    for keys, shares in found:
-        for k, v in zip(keys, shares):
-            share[k] = share.get(k, 0.0) + v
-    sets = [tuple(dict.fromkeys(keys + (posterior.regret(s, level).pick,))) for (keys, _), s in zip(found, sets)]
-
-    def runs(k: str) -> list[str]:  # the rows a run of k's configuration can be bought at
-        return [row_key(split_row(k)[0], e) for e in ladder if row_key(split_row(k)[0], e) in posterior.index] or [k]
-
-    price = dict(zip(posterior.keys, posterior.cost)) if ladder and posterior.cost is not None else {}
-    posterior = subset(posterior, list(dict.fromkeys([*(k for s in sets for k in s), *(o for s in sets for k in s for o in runs(k))])))
-    latent, cov = posterior.latent_draws, posterior.latent_cov
-    rng = np.random.default_rng(posterior.seed + 7)
-    chosen: dict[str, int] = {}
-    left = dict(room)
-
-    def excess(i: int, draws: np.ndarray) -> float:
-        return max(posterior.regret(sets[i], level, draws).eps - delta, 0.0)
-
-    now = [excess(i, latent) for i in range(len(sets))]
-    for _ in range(steps):
-        if sum(now) <= 0:
-            return chosen, True
-        open_ = {k for i, s in enumerate(sets) if now[i] > 0 for k in s}
-        by_share = sorted(open_, key=lambda k: (-share.get(k, 0.0), k))  # the OPTIONS contenders most often the best
-        buyable = [k for k in by_share if any(left.get(o, 0) > 0 and (repeat or o not in chosen) for o in runs(k))]
-        options = sorted(o for k in buyable[:OPTIONS] for o in runs(k) if left.get(o, 0) > 0 and (repeat or o not in chosen))
-        best, best_value, best_state, best_after = None, 0.0, None, now
-        step = int(rng.integers(1 << 31))  # one draw of the imagined seed's noise for every option: their gains compare
-        for key in options:
-            state = posterior.imagine({key: 1}, latent, cov, np.random.default_rng(step))
-            mine = set(runs(key))
-            after = [excess(i, state[0]) if mine & set(s) and now[i] > 0 else now[i] for i, s in enumerate(sets)]
-            value = (sum(now) - sum(after)) / price.get(key, 1.0)
-            if value > best_value + 1e-12:
-                best, best_value, best_state, best_after = key, value, state, after
-        if best is None or best_state is None:
-            break
-        latent, cov = best_state
-        chosen[best] = chosen.get(best, 0) + 1
-        left[best] -= 1
-        now = best_after
-    return chosen, sum(now) <= 0
-
-
-def _ladder(posterior: Posterior) -> list[int]:
-    return sorted({e for e in (split_row(k)[1] for k in posterior.keys) if e is not None})
-
-
-def seeds_to_decide(posterior: Posterior, keys: Sequence[str], delta: float, level: float = LEVEL,
-                    room: Mapping[str, int] | None = None, cap: int = ADVICE_CAP,
-                    ladder: Sequence[int] = ()) -> tuple[dict[str, int], bool]:
-    """Which measured configurations of `keys`, and how many more seeds each, would bring the bound to
-    `delta` (imagined, greedily; with a `ladder`, runs of `keys`' configurations at any of its lengths,
-    those measured at some length); (advice, reached) with `reached` False past `cap` seeds."""
-    if not posterior.has_intervals:
-        top = sorted((k for k in keys if k in posterior.index), key=lambda k: -posterior.sign() * posterior.raw[posterior.index[k]])
-        return {k: 1 for k in top[:2]}, False
-    if ladder:
-        known = {split_row(k)[0] for k, n in zip(posterior.keys, posterior.n) if n > 0}
-        rows = [row_key(split_row(k)[0], e) for k in keys if split_row(k)[0] in known for e in ladder]
-        measured = {r: (room or {}).get(r, cap) for r in rows if r in posterior.index}
-    else:
-        measured = {k: (room or {}).get(k, cap) for k in keys if posterior.n[posterior.index[k]] > 0}
-    return _greedy(posterior, [tuple(keys)], delta, level, measured, cap, repeat=True, ladder=ladder)
 
 
 def next_seeds(posterior: Posterior, budgets: Sequence[int], delta: float, level: float, room: Mapping[str, int],
@@ -339,7 +278,7 @@ def next_seeds(posterior: Posterior, budgets: Sequence[int], delta: float, level
     With several lengths `posterior` is the whole one, `epochs` the target length, `room` per row, and
     what it returns are rows (a configuration at a length): the first seeds go to the shortest length,
     a first run at the target to each question's best means, then runs by value per second."""
-    ladder = _ladder(posterior) if epochs is not None else []
+    ladder = ladder_of(posterior) if epochs is not None else []
     if ladder:
         return _next_runs(posterior, budgets, delta, level, room, batch, baseline, epochs, ladder)
     questions = list(distinct(posterior, budgets))
@@ -359,7 +298,7 @@ def next_seeds(posterior: Posterior, budgets: Sequence[int], delta: float, level
     chosen: dict[str, int] = {}
     if undecided:
         measured = {k: room.get(k, 0) for k in posterior.keys if posterior.n[posterior.index[k]] > 0}
-        chosen, _ = _greedy(posterior, undecided, delta, level, measured, batch or max(2, len(undecided)), repeat=False)
+        chosen, _ = greedy(posterior, undecided, delta, level, measured, batch or max(2, len(undecided)), repeat=False)
     if baseline is not None and room.get(baseline, 0) > 0 and _claim_outruns(posterior, [r.pick for r in regrets], baseline,
                                                                               delta, level):
         chosen.setdefault(baseline, 1)
@@ -395,7 +334,7 @@ def _next_runs(full: Posterior, budgets: Sequence[int], delta: float, level: flo
     chosen: dict[str, int] = {}
     if undecided:
         options = {row_key(k, e): room.get(row_key(k, e), 0) for k in measured for e in ladder}
-        chosen, _ = _greedy(full, undecided, delta, level, options, batch or max(2, len(undecided)), repeat=False, ladder=ladder)
+        chosen, _ = greedy(full, undecided, delta, level, options, batch or max(2, len(undecided)), repeat=False, ladder=ladder)
     target = row_key(baseline, epochs) if baseline is not None else None
     if target is not None and room.get(target, 0) > 0 and _claim_outruns(view, [r.pick for r in regrets], baseline, delta, level):
         chosen.setdefault(target, 1)
@@ -416,17 +355,18 @@ def _claim_outruns(posterior: Posterior, picks: Sequence[str], baseline: str, de
 
 def table(answers: Sequence[tuple[list[int], Answer]], posterior: Posterior, metric: str, higher_is_better: bool) -> pd.DataFrame:
     """The answers at a study's budgets as rows to show (status, the dashboard): budgets, the configuration
-    to use, its params, mean and 95% interval, eps, decided, the verdict, where more seeds would go."""
+    to use, its params, mean and 95% interval, eps, decided, the verdict, what more seeds would do."""
     lo, hi = posterior.interval()
     unit, what = (100.0, "points") if higher_is_better else (1.0, metric)
     rows = []
     for at, a in answers:
         i = posterior.index[a.pick]
-        rows.append({"budget": " to ".join(dict.fromkeys(format_count(b) for b in (at[0], at[-1]))), "use": a.pick,
-                     "params": int(posterior.params[i]), metric: f"{posterior.mean[i]:.4g}",
-                     "95% interval": f"{lo[i]:.4g} to {hi[i]:.4g}" if posterior.has_intervals else "",
-                     f"ε ({what})": f"{unit * a.eps:.2g}" if np.isfinite(a.eps) else "",
+        rows.append({"budget": " to ".join(dict.fromkeys(format_count(b) for b in (at[0], at[-1]))), "use": split(a.pick),
+                     "params": int(posterior.params[i]), metric: value(posterior.mean[i], higher_is_better),
+                     "95% interval": f"{value(lo[i], higher_is_better)} to {value(hi[i], higher_is_better)}"
+                     if posterior.has_intervals else "",
+                     f"ε ({what})": (points(a.eps) if higher_is_better else f"{a.eps:.2g}") if np.isfinite(a.eps) else "",
                      "decided": "yes" if a.decided else "no",
                      "vs baseline": a.verdict.kind if a.verdict is not None else "",
-                     "more seeds would go to": "" if a.decided else ", ".join(f"{shown(k)} ({n})" for k, n in a.advice.items())})
+                     "more seeds": a.seeds_words()})
     return pd.DataFrame(rows)

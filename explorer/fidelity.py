@@ -9,6 +9,7 @@ import pandas as pd
 
 from explorer.executors import TrialCallback, get_executor
 from explorer.transfer import order_held
+from explorer.formats import split, value
 from explorer.recommend import Recommendation
 from explorer.study import Study
 
@@ -46,10 +47,10 @@ def verify_longer(study: Study, short: pd.DataFrame, rec: Recommendation, epochs
     verdict = "the order held" if all(fidelity.held) else "the order did NOT hold"
     near = fidelity.short_picks[0] != fidelity.long_picks[0] and all(fidelity.held)
     out = [f"at {epochs} epochs ({long.spec.name}, {len(long.seeds)} seeds): {verdict} for budget {rec.budget:,}: "
-           f"short runs pick {fidelity.short_picks[0]}, long runs {fidelity.long_picks[0]}"
+           f"short runs pick {split(fidelity.short_picks[0])}, long runs {split(fidelity.long_picks[0])}"
            + (f" (within {margin:.3g} of it)" if near else "")]
-    out += [f"{k}: {float(short.loc[k, 'mean']):.4g} at {study.spec.budget.epochs} epochs, "
-            f"{float(longer.loc[k, 'mean']):.4g} at {epochs}" for k in shared]
+    out += [f"{split(k)}: {value(float(short.loc[k, 'mean']), higher)} at {study.spec.budget.epochs} epochs, "
+            f"{value(float(longer.loc[k, 'mean']), higher)} at {epochs}" for k in shared]
     if len(shared) > 2:
         out.append(fidelity.lines()[0])
     return out

@@ -28,6 +28,7 @@ import pandas as pd
 
 from explorer.decisions import Answer, DecisionSpec, answer
 from explorer.errors import ExplorerError
+from explorer.formats import dims_of, interval, margin, plural, split, split_header, value
 from explorer.learning import still_learning
 from explorer.posterior import LEVEL, Posterior
 from explorer.pruning import pruned_within
@@ -99,56 +100,59 @@ class Recommendation:
     def lines(self) -> list[str]:
         """The answer first (pick, bound, decided or not), then its value, the verdict, what would decide it."""
         unit, what = self.units()
-        shape = ", ".join(f"{d}={self.dims[d]}" for d in ("mlp", "width") if self.dims.get(d) is not None)
+        free = dims_of(self.key)
+        shape = ", ".join(f"{d} {self.dims[d]}" for d in ("mlp", "width") if self.dims.get(d) is not None and d not in free)
         said = self.answer.words(unit, what)
+        pick = split(self.key)
+        label = "; ".join(filter(None, (split_header(free) if free else "", shape)))
         at = f" at {self.epochs} epochs" if self.epochs is not None else ""
         out = [f"budget {format_count(self.budget)}{at}: {said[0]}",
-               f"{self.key}{f' ({shape})' if shape else ''}, {format_count(self.params)} params, {self._value()}"]
+               f"{pick}{f' ({label})' if label else ''}, {format_count(self.params)} params, {self._value()}"]
         if self.model:
             out.append(f"model: {self.model}")
         out += said[1:]
         if self.tied:
-            smaller = (f"; the smallest: {self.tied[0]}, {format_count(self.tied_params[0])} params"
+            smaller = (f"; the smallest: {split(self.tied[0])}, {format_count(self.tied_params[0])} params"
                        if self.tied_params[0] < self.params else "; none of them is smaller")
-            out.append(f"{len(self.equivalent)} configurations within budget equivalent to {self.key} within "
-                       f"{unit * self.delta:.2g} {what}; {len(self.tied) - len(self.equivalent)} more not told apart "
+            out.append(f"{plural(len(self.equivalent), 'configuration')} within budget equivalent to {pick} within "
+                       f"{margin(self.delta, unit, what, exact=True)}; {len(self.tied) - len(self.equivalent)} more not told apart "
                        f"from it{smaller}")
             if self.list_ties:
-                listed = ", ".join(f"{k} ({format_count(p)}{', equivalent' if k in self.equivalent else ''})"
-                                   for k, p in zip(self.tied, self.tied_params))
-                out.append(f"not told apart from it: {listed}")
+                out.append("not told apart from it:")
+                out += [f"  {split(k)} ({format_count(p)} params{', equivalent' if k in self.equivalent else ''})"
+                        for k, p in zip(self.tied, self.tied_params)]
         if self.outside is not None:
-            out.append(f"{self.key} is past the space's declared ranges (its fixed dimensions and constraints kept): "
+            out.append(f"{pick} is past the space's declared ranges (its fixed dimensions and constraints kept): "
                        "`explorer recommend ... --verify` trains it at the study's budget, in a study of its own")
         elif self.past:
             out.append(f"splits past the space that the surface cannot tell from it yet (measure the first: add it to "
-                       f"the space): {', '.join(self.past)}")
-        around = [k for k in self.verify if k != self.key]
+                       f"the space): {', '.join(map(split, self.past))}")
+        around = [split(k) for k in self.verify if k != self.key]
         if (self.kind == "predicted" or around) and self.outside is None:
             out.append(f"to check it, measure {'it and ' if self.kind == 'predicted' else ''}its neighbours "
-                       f"(`explorer recommend ... --verify` queues them): {'; '.join(around) or self.key}")
+                       f"(`explorer recommend ... --verify` queues them): {', '.join(around) or pick}")
         if self.pruned:
             out.append(f"pruned within budget, never completed (a pruned configuration comes back once when the "
-                       f"evidence against it weakens): {', '.join(self.pruned)}")
+                       f"evidence against it weakens): {', '.join(map(split, self.pruned))}")
         if self.space_max is not None and not self.past and self.outside is None:
             out.append(f"the budget binds nothing in the space: its largest configuration has {format_count(self.space_max)} "
                        "params, so within the space this is the answer at that size")
         return out + list(self.notes)
 
     def _value(self) -> str:
-        metric = f"{self.metric} {self.value:.4g}"
+        like = self.higher_is_better
+        metric = f"{self.metric} {value(self.value, like)}"
         if not math.isfinite(self.lo):
-            return (f"{metric} (measured at {self.n} seed{'s' if self.n != 1 else ''}; one seed per configuration: no "
+            return (f"{metric} (measured at {plural(self.n, 'seed')}; one seed per configuration: no "
                     "interval yet, a second seed of some configurations gives one)")
-        interval = f"{LEVEL:.0%} interval {self.lo:.4g} to {self.hi:.4g}"
+        said = interval(self.lo, self.hi, like, f"{LEVEL:.0%} interval")
         if self.kind == "predicted" and self.shorter:
-            runs = ", ".join(f"{n} seed{'s' if n != 1 else ''} at {e} epochs" for e, n in self.shorter)
-            return f"{metric} ({interval}; predicted at {self.epochs} epochs from its runs: {runs})"
+            runs = ", ".join(f"{plural(n, 'seed')} at {e} epochs" for e, n in self.shorter)
+            return f"{metric} ({said}; predicted at {self.epochs} epochs from its runs: {runs})"
         if self.kind == "predicted":
             where = "past the space" if self.outside is not None else "not measured"
-            return f"{metric} ({interval}; predicted by the surface, {where})"
-        seeds = f"{self.n} seed{'s' if self.n != 1 else ''}"
-        return f"{metric} ({interval}; measured at {seeds}, plain mean {self.raw:.4g}, trial {self.trial} first)"
+            return f"{metric} ({said}; predicted by the surface, {where})"
+        return f"{metric} ({said}; measured at {plural(self.n, 'seed')}, plain mean {value(self.raw, like)}, trial {self.trial} first)"
 
 
 def _neighbours(key: str, known: pd.DataFrame, budget: int) -> tuple[str, ...]:
@@ -207,12 +211,13 @@ def describe(post: Posterior) -> str:
 
 def recommend(df: pd.DataFrame, budget: int, baseline_key: str | None, metric: str = "accuracy",
               candidates: Sequence[Candidate] = (), higher_is_better: bool = True, decision: DecisionSpec | None = None,
-              list_ties: bool = False, first_seed: int = 0, epochs: int | None = None, lengths: Sequence[int] = (),
-              compute: Mapping[int, float] | None = None, outside: Sequence[Candidate] = ()) -> Recommendation:
+              list_ties: bool = False, first_seed: int = 0, cap: int | None = None, epochs: int | None = None,
+              lengths: Sequence[int] = (), compute: Mapping[int, float] | None = None,
+              outside: Sequence[Candidate] = ()) -> Recommendation:
     """The answer at `budget` from a `trials_frame`: the pick with its bound, decided or not, its verdict
     against the baseline; `candidates` (the space's feasible configurations) and `outside` (splits past
     its declared ranges) are predicted where unmeasured and count among "the configurations within the
-    budget". With runs at several `lengths`, the answer is at `epochs`."""
+    budget"; more seeds are offered only below `cap`. With runs at several `lengths`, the answer is at `epochs`."""
     decision = decision or DecisionSpec()
     done = df[df["state"] == "COMPLETE"].dropna(subset=[metric, "params"])
     if "duplicate_of" in done:
@@ -228,7 +233,7 @@ def recommend(df: pd.DataFrame, budget: int, baseline_key: str | None, metric: s
     measured = post.n > 0
     best = float(np.nanmax(post.sign() * post.mean[measured] if measured.any() else post.sign() * table["mean"])) * post.sign()
     delta = decision.margin(higher_is_better, best)
-    said = answer(post, budget, baseline_key, delta, decision.level, full=table.attrs.get("full"), epochs=at)
+    said = answer(post, budget, baseline_key, delta, decision.level, cap=cap, full=table.attrs.get("full"), epochs=at)
     key = said.pick
     i = post.index[key]
     lo, hi = post.interval(decision.level)
@@ -289,7 +294,7 @@ def for_study(study: Study, trials: pd.DataFrame, limit: int, list_ties: bool = 
         else:
             outside = [(c.key, c.dims, c.params) for c in widened(study.space, limit)]
     rec = recommend(trials, limit, base.key if base else None, study.task.metric, space, study.task.higher_is_better,
-                    decision=study.spec.decision, list_ties=list_ties, first_seed=study.seeds[0], epochs=target,
+                    decision=study.spec.decision, list_ties=list_ties, first_seed=study.seeds[0], cap=study.seed_cap, epochs=target,
                     lengths=ladder, compute={e: budget.compute(e) for e in ladder}, outside=outside)
     learning = still_learning(trials, study.task.metric, study.task.higher_is_better, budget)
     if learning is not None and learning.learning:

@@ -5,55 +5,80 @@ Strings and frames only: the numbers come from the study's posterior (explorer.s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from explorer.decisions import table
+from explorer.formats import margin, same_precision, split, split_header, value
+from explorer.terminal import Col
+from explorer.units import format_count
+
+ADVICE = "more seeds"  # explorer.decisions.table's column: said below the table, one line per undecided budget
 
 
 @dataclass(frozen=True)
 class Shown:
-    frame: pd.DataFrame
+    frame: pd.DataFrame  # strings, under word headers
     title: str
     notes: tuple[str, ...] = ()
+    layout: dict[str, Col] = field(default_factory=dict)  # how each column is laid out (explorer.terminal)
 
 
 def answers(st: Any) -> Shown | None:
     """The answers at the study's budgets (an `explorer.api.Status`): use X, its bound, decided or not, the
-    verdict against the baseline, where more seeds would go; None before any result."""
+    verdict against the baseline; below, where more seeds would go for each undecided one; None before any result."""
     if not st.answers:
         return None
     post = st.summary.attrs["posterior"]
     delta = st.answers[0][1].delta
-    what, shown = ("points", 100 * delta) if st.higher_is_better else (st.metric, delta)
+    unit, what = (100.0, "points") if st.higher_is_better else (1.0, st.metric)
     at = f" at {st.epochs} epochs" if st.epochs is not None else ""
-    title = (f"answers at the study's budgets{at}: use X, within ε {what} of the best configuration within the budget "
-             f"(95%); decided when ε <= {shown:.2g} {what}")
-    notes = tuple(n for n in (post.note, st.learning) if n)
-    return Shown(table(st.answers, post, st.metric, st.higher_is_better), title, notes)
+    title = (f"Answers at the study's budgets{at}: use X ({split_header(st.free_dims)}), within ε {what} of the best "
+             f"configuration within the budget (95%); decided when ε <= {margin(delta, unit, what, exact=True)}; ± half the 95% interval")
+    frame = table(st.answers, post, st.metric, st.higher_is_better)
+    notes = [f"{budget}: {advice}" for budget, advice in zip(frame["budget"], frame[ADVICE]) if advice]
+    lo, hi = post.interval()
+    half = [same_precision((hi[i] - lo[i]) / 2, m) if post.has_intervals else ""
+            for i, m in zip((post.index[a.pick] for _, a in st.answers), frame[st.metric])]
+    frame = frame.drop(columns=[ADVICE, "95% interval"]).assign(params=frame["params"].map(format_count))
+    frame.insert(list(frame.columns).index(st.metric) + 1, "±", half)
+    frame = frame.rename(columns={f"ε ({what})": "ε"})
+    layout = {"budget": Col(wrap=True), "params": Col(right=True), st.metric: Col(right=True), "±": Col(right=True),
+              "ε": Col(right=True), "vs baseline": Col(wrap=True)}
+    return Shown(frame, title, tuple(notes + [n for n in (post.note, st.learning) if n]), layout)
 
 
 def front(st: Any, list_ties: bool = False) -> Shown:
-    """The front of posterior means with n, the 95% interval and front probability, and how many configurations
-    off it the posterior cannot tell from a front member (listed on request)."""
+    """The front of posterior means with its seeds, the 95% interval and front probability, and how many
+    configurations off it the posterior cannot tell from a front member (listed on request, one a line)."""
     summary, frame, metric = st.summary, st.trials, st.metric
-    shown = summary[summary["on_front"]].copy()
-    shown["±"] = (shown["hi"] - shown["lo"]) / 2
-    if "kappa_init_mean" in frame:
-        shown["kappa_init_mean"] = shown["arch"].map(frame.groupby("arch")["kappa_init_mean"].mean())
-    cols = [c for c in (*st.free_dims, "params", "n", metric, "±", "front_prob", "kappa_init_mean") if c in shown]
+    shown = summary[summary["on_front"]]
     intervals = bool(summary["n"].gt(1).any())
-    title = ("Pareto front of posterior means (± half the 95% interval, front_prob: share of posterior draws on the front)"
+    means = [value(x, st.higher_is_better) for x in shown[metric]]
+    cols: dict[str, list[str]] = {
+        split_header(st.free_dims): [split(a) for a in shown["arch"]],
+        "params": [format_count(p) for p in shown["params"]], "seeds": [str(n) for n in shown["n"]], metric: means}
+    if intervals:
+        cols["±"] = [same_precision((hi - lo) / 2, m) for lo, hi, m in zip(shown["lo"], shown["hi"], means)]
+        cols["P(front)"] = [f"{p:.2f}" if np.isfinite(p) else "" for p in shown["front_prob"]]
+    kappa = shown["arch"].map(frame.groupby("arch")["kappa_init_mean"].mean()) if "kappa_init_mean" in frame else None
+    if kappa is not None and kappa.notna().any():
+        cols["κ at init"] = [f"{k:.3g}" if np.isfinite(k) else "" for k in kappa]
+    title = ("Pareto front of posterior means (± half the 95% interval; P(front): share of posterior draws on the front)"
              if intervals else "Pareto front (one seed per configuration: no intervals)")
     tied = summary[summary["tied_with"].notna()]
     if len(tied) and list_ties:
-        notes = ("tied with a front member (no evidence either is better): "
-                 + "; ".join(f"{r.arch} with {r.tied_with}" for r in tied.itertuples()),)
+        notes = ("tied with a front member (no evidence either is better):",
+                 *(f"  {split(r.arch)} with {split(r.tied_with)}" for r in tied.itertuples()))
     elif len(tied):
-        notes = (f"{len(tied)} configurations off the front are tied with a front member (no evidence either is "
-                 "better); `explorer status --list-ties` lists them",)
+        notes = (f"{len(tied)} configuration{'s' if len(tied) != 1 else ''} off the front "
+                 f"{'are' if len(tied) != 1 else 'is'} tied with a front member (no evidence either is better); "
+                 "`explorer status --list-ties` lists them",)
     else:
         notes = ()
-    return Shown(shown[cols if intervals else [c for c in cols if c not in ("±", "front_prob")]], title, notes)
+    layout = {c: Col(right=True) for c in cols if c != split_header(st.free_dims)}
+    layout["κ at init"] = Col(right=True, drop=1)
+    return Shown(pd.DataFrame(cols), title, notes, layout)

@@ -276,27 +276,40 @@ class SearchSpace:
         return [msg for _, msg in self._violations(dims)[0]]
 
     @cached_property
-    def _enumerated(self) -> tuple[list[Config], Counter, dict[str, str]]:
-        """Feasible configurations, rejections counted by constraint, and one example message each."""
-        feasible, rejected, example = [], Counter(), {}
+    def _enumerated(self) -> tuple[list[Config], Counter, dict[str, str], dict[tuple[str, Scalar], str]]:
+        """Feasible configurations, rejections counted by constraint, one example message each, and for each
+        listed free value the first reason other than the parameter budget that rejected it."""
+        feasible, rejected, example, dropped = [], Counter(), {}, {}
         free = self.free_dims
+        listed = [k for k in free if isinstance(self.spec.free[k], list)]
         for dims in self._candidates():
             violations, params = self._violations(dims)
             if violations:
                 reason, message = violations[0]
                 rejected[reason] += 1
                 example.setdefault(reason, f"{','.join(f'{k}={dims[k]}' for k in free)}: {message}")
+                for k in listed if reason != "param_budget" else ():
+                    dropped.setdefault((k, dims[k]), message)
             else:
                 feasible.append(Config(self.spec.family, tuple(dims.items()), free, params))
-        return feasible, rejected, example
+        return feasible, rejected, example, dropped
 
     def configs(self) -> list[Config]:
-        """The feasible configurations; an ExplorerError saying why when there are none."""
-        feasible, rejected, example = self._enumerated
+        """The feasible configurations; an ExplorerError saying why when there are none, or naming a listed
+        value no configuration can take (`heads: [1, 3]` at width 16), which would otherwise vanish unsaid."""
+        feasible, rejected, example, dropped = self._enumerated
         if not feasible:
             why = ", ".join(f"{n} rejected by {r}" for r, n in rejected.most_common()) or "nothing to enumerate"
             first = f"; e.g. {example[rejected.most_common(1)[0][0]]}" if rejected else ""
             raise self._error(f"no feasible configuration ({why}){first}", "free")
+        taken = {(k, v) for c in feasible for k, v in c.items if k in c.free}
+        for key in self.free_dims:
+            lost = [v for v in self.spec.free[key] if (key, v) not in taken and (key, v) in dropped] \
+                if isinstance(self.spec.free[key], list) else []
+            if lost:
+                raise self._error(f"{', '.join(map(str, lost))} fit{'s' if len(lost) == 1 else ''} no configuration "
+                                  f"(e.g. {dropped[(key, lost[0])]}); remove {'it' if len(lost) == 1 else 'them'}",
+                                  f"free.{key}")
         return feasible
 
     def config(self, key: str) -> Config:

@@ -18,6 +18,7 @@ import pytest
 from test_pareto import HEADS, LAYERS, MLP, WIDTH, accuracy_of, dims_of, fill_study, key_of, make_study, params_of
 
 from explorer.dashboard import FIGURES, NO_INTERVALS, default_output, render, render_studies
+from explorer.formats import split
 from explorer.frame import trials_frame
 from explorer.stats import summarize
 from explorer.study import load_study_spec
@@ -137,7 +138,7 @@ def test_front_shows_each_configuration_with_its_interval_front_probability_and_
         for t in trials.itertuples():  # every replicate's seed, value and trial
             assert f"seed {t.seed}: {t.accuracy:.4g} (trial {t.number})" in point["hover"]
         if isinstance(row.tied_with, str):
-            assert point["symbol"].endswith("-open") and f"tied with {row.tied_with}" in point["hover"]
+            assert point["symbol"].endswith("-open") and f"tied with {split(row.tied_with)}" in point["hover"]
             assert "tied with a front member" in point["name"]
         else:
             assert not point["symbol"].endswith("-open") and "tied with" not in point["hover"]
@@ -244,7 +245,7 @@ def test_render_studies_reads_the_yaml_and_its_storage(tmp_path: Path) -> None:
     spec.write_text(f"name: tiny\nspace: {space}\ntask: {{name: digits}}\nn_trials: 2\nbudget: {{seed: 3}}\n")
     ostudy = fill_study(load_study_spec(spec).open(create=True))  # storage: <dir>/<name>.db, as `explorer run` makes it
     page = render_studies([spec], tmp_path / "tiny.html").read_text()
-    assert "tiny" in page and "baseline layers=6,heads=2" in page and page.count("Plotly.newPlot(") == len(FIGURES)
+    assert "tiny" in page and "baseline 6 / 2" in page and page.count("Plotly.newPlot(") == len(FIGURES)
     # its trials carry no seed: each trained with the study's first seed, 3, and is shown under it
     points = by_arch(plotted(page)["fig-front"][0])
     for trial in ostudy.get_trials(states=[optuna.trial.TrialState.COMPLETE]):

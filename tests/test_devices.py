@@ -77,10 +77,16 @@ def explorer_run(path: Path, *args: str, gpus: str = "") -> subprocess.Completed
 
 
 def test_cuda_asked_where_torch_sees_no_gpu_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
-    out = explorer_run(write_study(tmp_path), "--device", "cuda")
-    assert out.returncode == 1 and out.stderr.strip().splitlines()[-1].startswith(
-        f"error: {tmp_path / 'study.yaml'}: executor.device: device: cuda, but this machine has no GPU"), out.stderr
-    assert not (tmp_path / "tiny.db").exists()  # refused before the storage was opened
+    """One line before anything else is printed, naming what asked for CUDA: the flag, or the YAML's field."""
+    out = explorer_run(write_study(tmp_path / "flag"), "--device", "cuda")
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1 and lines[0].startswith(
+        "error: --device cuda, but this machine has no GPU") and "pass --device cpu (or auto)" in lines[0], out.stderr
+    out = explorer_run(write_study(tmp_path / "yaml", executor={"device": "cuda"}))
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1 and lines[0].startswith(
+        f"error: {tmp_path / 'yaml' / 'study.yaml'}: executor.device: device: cuda, but this machine has no GPU"), out.stderr
+    assert not (tmp_path / "flag" / "tiny.db").exists() and not (tmp_path / "yaml" / "tiny.db").exists()  # refused before the storage opened
 
 
 def test_auto_without_a_gpu_trains_on_the_cpu_and_says_what_runs(tmp_path: Path) -> None:

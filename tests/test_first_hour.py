@@ -57,7 +57,7 @@ def test_an_interrupt_inside_generated_code_still_exits_130(tmp_path: Path) -> N
     (returncode -2, after the resume hint): deterministic here, the interrupt raised inside such an exec."""
     (tmp_path / "interrupted_in_exec.py").write_text(
         "import sys\nimport explorer.cli as cli\n"
-        "cli.app = lambda standalone_mode: exec('raise KeyboardInterrupt')\n"
+        "cli.app = lambda **kwargs: exec('raise KeyboardInterrupt')\n"
         "sys.argv = ['explorer', 'run', 'study.yaml']\ncli.main()\n")
     proc = subprocess.run([sys.executable, "-m", "interrupted_in_exec"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 130 and "continue with: explorer resume study.yaml" in proc.stderr, (proc.returncode, proc.stderr)

@@ -263,7 +263,8 @@ def test_a_claim_against_a_baseline_with_fewer_seeds_than_the_pick_gives_the_bas
 def test_status_says_what_would_decide_a_budget_after_the_policy_spent_its_seeds() -> None:
     """The default study ends with 138k-203k undecided and its top configurations at the 6-seed cap: status's
     "more seeds would go to" was empty there (the advice was limited to the cap), while recommend said
-    about 20 more seeds of which configurations would decide it. Both now give that advice."""
+    about 20 more seeds of which configurations would decide it. Both now give that advice, said as what
+    raising the cap would buy (issue 35: never as seeds the study would run past its cap)."""
     from types import SimpleNamespace
 
     from explorer.study.read import Reads
@@ -272,11 +273,12 @@ def test_status_says_what_would_decide_a_budget_after_the_policy_spent_its_seeds
     means = np.array([0.70, 0.72, 0.75, 0.78, 0.80, 0.82, 0.94, 0.945])
     values = means[:, None] + 0.012 * rng.standard_normal((8, 3))
     summary = stats.summarize(frame(values), "accuracy", OBJECTIVES, draws=0)
-    study = SimpleNamespace(space=SimpleNamespace(baseline=None), seeds=[0, 1, 2], task=SimpleNamespace(higher_is_better=True),
+    study = SimpleNamespace(space=SimpleNamespace(baseline=None), seeds=[0, 1, 2], seed_cap=3, task=SimpleNamespace(higher_is_better=True),
                             spec=SimpleNamespace(decision=DecisionSpec(delta=0.002)), budgets=lambda: [10**6])
     (at, said), = Reads(study).answers(summary)  # every configuration already at the study's 3 seeds
-    assert not said.decided and said.advice and set(said.advice) <= set(summary["arch"])
-    assert any(line.startswith("about ") or line.startswith("more than ") for line in said.words())
+    assert not said.decided and said.advice and set(said.advice) <= set(summary["arch"]) and said.past_cap
+    assert any("seeds below the study's cap of 3 per configuration cannot decide it" in line and "raised" in line
+               for line in said.words())
 
 
 # -- the smooth model and its check --------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from explorer.dashboard.reading import completed, length_options, metric_of, summaries
-from explorer.dashboard.text import esc
+from explorer.dashboard.text import esc, split_config
 from explorer.decisions import within
 from explorer.stats import LEVEL, summarize
 from explorer.transfer import SIZE_REACH
@@ -40,7 +40,7 @@ def extrapolation_figure(frames: dict[str, pd.DataFrame], meta: dict[str, dict],
             continue
         fig.add_trace(go.Scatter(
             x=summary["params"], y=summary["mean"], mode="markers", name=f"{esc(name)}: measured means",
-            marker=dict(color="#333", size=6), hovertext=[esc(a) for a in summary["arch"]],
+            marker=dict(color="#333", size=6), hovertext=[split_config(a) for a in summary["arch"]],
             error_y=dict(type="data", symmetric=False, array=(summary["hi"] - summary["mean"]).fillna(0),
                          arrayminus=(summary["mean"] - summary["lo"]).fillna(0), thickness=1, width=2),
             hovertemplate="%{hovertext}<br>%{x:,} params: %{y:.4f}<extra></extra>"), row=i, col=1)
@@ -62,7 +62,7 @@ def extrapolation_figure(frames: dict[str, pd.DataFrame], meta: dict[str, dict],
                                      hoverinfo="skip"), row=i, col=1)
             fig.add_trace(go.Scatter(
                 x=x, y=post.mean[at], mode="lines", line=dict(color="#1f77b4", dash=dash),
-                name=f"{esc(name)}: the answer within budget, {part}", hovertext=[esc(post.keys[k]) for k in at],
+                name=f"{esc(name)}: the answer within budget, {part}", hovertext=[split_config(post.keys[k]) for k in at],
                 hovertemplate="budget %{x:,.0f}: %{hovertext}, %{y:.4f}<extra></extra>"), row=i, col=1)
         span = [float(np.nanmin([summary["mean"].min(), lo.min()])), float(np.nanmax([summary["mean"].max(), hi.max()]))]
         for x, label in ((top, "largest measured configuration"), (SIZE_REACH * top, f"validated reach, {SIZE_REACH:g}x")):
@@ -100,7 +100,7 @@ def _held_out_check(fig: go.Figure, row: int, done: pd.DataFrame, summary: pd.Da
     fig.add_trace(go.Scatter(
         x=measured, y=value, mode="markers", name="held out: predicted vs measured", marker=dict(color="#d62728", size=6),
         error_y=dict(type="data", symmetric=False, array=hi - value, arrayminus=value - lo, thickness=1, width=2),
-        hovertext=[esc(a) for a in large["arch"]],
+        hovertext=[split_config(a) for a in large["arch"]],
         hovertemplate="%{hovertext}<br>measured %{x:.4f}, predicted %{y:.4f}<extra></extra>"), row=row, col=2)
     edge = [float(min(measured.min(), lo.min())), float(max(measured.max(), hi.max()))]
     fig.add_trace(go.Scatter(x=edge, y=edge, mode="lines", line=dict(color="#999", dash="dot"), showlegend=False,

@@ -166,7 +166,7 @@ def make_server(paths: Sequence[str | Path], host: str = "127.0.0.1", port: int 
                                                    "daemon_threads": True})
     try:
         return kind((host, port), handler)
-    except OSError as err:  # the port is taken, the address is not this machine's
+    except (OSError, OverflowError) as err:  # the port is taken or out of range, the address is not this machine's
         raise ExplorerError(f"cannot listen on {host}:{port}: {err.strerror or err}", field="--port") from None
 
 

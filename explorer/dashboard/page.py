@@ -22,7 +22,7 @@ from plotly.offline import get_plotlyjs
 
 from explorer.dashboard.plots import FIGURES, figures
 from explorer.dashboard.reading import answers, is_replicated, metric_of, summaries
-from explorer.dashboard.text import NO_INTERVALS, esc, interval_text, num
+from explorer.dashboard.text import NO_INTERVALS, esc, interval_text, num, split_config
 from explorer.decisions import table
 from explorer.frame import trials_frame
 from explorer.identity import current_rows
@@ -87,7 +87,9 @@ def _config_table(frames: dict[str, pd.DataFrame], meta: dict[str, dict], stats:
 
 
 def _td(column: str, value: Any) -> str:
-    """One cell; counts (params, FLOPs) are shown as 35.7k and sort by their number."""
+    """One cell; counts (params, FLOPs) are shown as 35.7k and sort by their number; a configuration as `3 / 8`."""
+    if column in ("arch", "tied with") and isinstance(value, str) and value:
+        return f"<td>{split_config(value)}</td>"
     if column in ("params", "flops"):
         shown = "" if value is None or pd.isna(value) else format_count(value)
         return f'<td data-v="{esc(num(value))}">{esc(shown)}</td>'
@@ -191,7 +193,7 @@ def _summary(name: str, df: pd.DataFrame, meta: dict[str, Any], summary: pd.Data
     if len(summary):
         best = summary.sort_values("mean", ascending=not higher).iloc[0]
         seeds = f" over {best['n']} seeds" if best["n"] > 1 else ""
-        text += (f"; highest mean {esc(best['arch'])} {esc(interval_text(best))}{seeds} "
+        text += (f"; highest mean {split_config(best['arch'])} {esc(interval_text(best))}{seeds} "
                  f"at {esc(format_count(best['params']))} params")
         if is_replicated(summary):
             text += (f"; {len(summary)} configurations, {summary['n'].min()} to {summary['n'].max()} seeds each, "
@@ -200,7 +202,7 @@ def _summary(name: str, df: pd.DataFrame, meta: dict[str, Any], summary: pd.Data
             text += f"; {NO_INTERVALS}"
     if meta.get("baseline"):
         measured = bool(len(summary)) and (summary["arch"] == meta["baseline"]).any()
-        text += f"; baseline {esc(meta['baseline'])}" + ("" if measured else " (not evaluated)")
+        text += f"; baseline {split_config(meta['baseline'])}" + ("" if measured else " (not evaluated)")
     return f"<li>{text}</li>"
 
 
@@ -281,6 +283,7 @@ def meta_of(study: Study) -> dict[str, Any]:
         "candidates": [(c.key, c.dims, c.params) for c in study.space.configs()],
         "budgets": study.budgets(),
         "decision": study.spec.decision,
+        "seed_cap": study.seed_cap,
         **_lengths(study),
     }
 

@@ -20,7 +20,7 @@ from plotly.subplots import make_subplots
 
 from explorer.dashboard.extrapolation import extrapolation_figure
 from explorer.dashboard.reading import completed, is_replicated, measurements, metric_of, objectives, summaries
-from explorer.dashboard.text import NO_INTERVALS, esc, interval_text, num
+from explorer.dashboard.text import NO_INTERVALS, esc, interval_text, num, split_config
 from explorer.pareto import front_over_time, knee
 from explorer.stats import LEVEL
 from explorer.units import format_count
@@ -35,7 +35,7 @@ def _hover(study: str, row: dict[str, Any], metric: str) -> str:
     seed = row.get("seed")
     lines = [
         f"<b>{esc(study)}</b> trial {esc(row['number'])}" + ("" if pd.isna(seed) else f", seed {esc(num(seed))}"),
-        esc(row.get("arch")),
+        split_config(row.get("arch")),
         f"params {esc(format_count(row['params']))} ({int(row['params'])})",
         f"{esc(metric)} {esc(num(row[metric]))}",
         f"κ init {esc(num(row.get('kappa_init_mean')))}, final {esc(num(row.get('kappa_final_mean')))}",
@@ -62,12 +62,12 @@ def _config_hover(study: str, row: dict[str, Any], metric: str, trials: list[dic
     if row["on_front"]:
         place = "on the front of means"
     elif isinstance(row.get("tied_with"), str):
-        place = f"off the front, tied with {esc(row['tied_with'])}: no evidence either is better"
+        place = f"off the front, tied with {split_config(row['tied_with'])}: no evidence either is better"
     else:
         place = "off the front"
     prob = row.get("front_prob")
     lines = [
-        f"<b>{esc(study)}</b> {esc(row['arch'])}",
+        f"<b>{esc(study)}</b> {split_config(row['arch'])}",
         f"params {esc(format_count(row['params']))} ({int(row['params'])})",
         f"{esc(metric)} {esc(interval_text(row))}{spread}",
         (f"P(on front) {prob:.2f}, " if prob is not None and math.isfinite(prob) else "") + place,
@@ -164,14 +164,14 @@ def _front_figure(frames: dict[str, pd.DataFrame], meta: dict[str, dict],
             )
         )
         k = front.iloc[knee(front[["params", "mean"]].to_numpy(float))]
-        fig.add_annotation(x=float(k["params"]), y=float(k["mean"]), text=f"knee: {esc(k['arch'])}", showarrow=True,
+        fig.add_annotation(x=float(k["params"]), y=float(k["mean"]), text=f"knee: {split_config(k['arch'])}", showarrow=True,
                            arrowhead=2)
         base = summary[summary["arch"] == meta[name].get("baseline")]
         if len(base):
             fig.add_trace(
                 go.Scatter(
                     x=base["params"].to_numpy(float), y=base["mean"].to_numpy(float), mode="markers",
-                    name=f"{label}: baseline {esc(base['arch'].iloc[0])}",
+                    name=f"{label}: baseline {split_config(base['arch'].iloc[0])}",
                     marker=dict(symbol="star", size=20, color="gold", line=dict(width=1.5, color="black")),
                     hovertext=[_config_hover(name, row, metric, trials.get(row["arch"]))
                                for row in base.to_dict("records")],
@@ -227,7 +227,7 @@ def _heatmap_figure(frames: dict[str, pd.DataFrame], meta: dict[str, dict],
             spread = (f"std {num(row['std'], 2)}, n {row['n']} seeds" if row["n"] > 1
                       else "n 1: one seed, no interval")
             shared = f"<br>best of {row['shared']} configurations here" if row["shared"] > 1 else ""
-            hover[r][c] = (f"layers {num(row['layers'])}, heads {num(row['heads'])}: {esc(row['arch'])}<br>"
+            hover[r][c] = (f"layers {num(row['layers'])}, heads {num(row['heads'])}: {split_config(row['arch'])}<br>"
                            f"{esc(metric)} {esc(interval_text(row))}<br>{spread}{shared}")
         fig.add_trace(
             go.Heatmap(
@@ -260,7 +260,7 @@ def _kappa_figure(frames: dict[str, pd.DataFrame], meta: dict[str, dict], stats:
                 go.Scatter(
                     x=rows["heads"], y=rows[column], mode="markers", name=f"{esc(name)}: κ {when}",
                     marker=dict(color=colour, opacity=0.5, size=7),
-                    hovertext=[f"{esc(name)} trial {n}: {esc(a)}" for n, a in rows[["number", "arch"]].to_numpy()],
+                    hovertext=[f"{esc(name)} trial {n}: {split_config(a)}" for n, a in rows[["number", "arch"]].to_numpy()],
                     hovertemplate="%{hovertext}<br>κ " + when + " %{y:.3g}<extra></extra>",
                 )
             )
@@ -298,10 +298,10 @@ def _curves_figure(frames: dict[str, pd.DataFrame], meta: dict[str, dict],
                 fig.add_trace(
                     go.Scatter(
                         x=list(range(1, len(curve) + 1)), y=curve, mode="lines+markers",
-                        name=f"{esc(name)}: {esc(row['arch'])} ({esc(format_count(row['params']))})"
+                        name=f"{esc(name)}: {split_config(row['arch'])} ({esc(format_count(row['params']))})"
                              + (f" seed {esc(row['seed'])}" if several else ""),
                         legendgroup=f"{esc(name)}: {esc(row['arch'])}",
-                        hovertemplate="epoch %{x}: %{y:.4f}<extra>" + esc(row["arch"]) + "</extra>",
+                        hovertemplate="epoch %{x}: %{y:.4f}<extra>" + split_config(row["arch"]) + "</extra>",
                     )
                 )
     metrics = sorted({metric_of(m)[0] for m in meta.values()})

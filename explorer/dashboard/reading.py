@@ -103,4 +103,4 @@ def answers(summary: pd.DataFrame, meta: dict[str, Any], epochs: int | None = No
     budgets = meta.get("budgets") or decision.budget_list([int(p) for p in post.params])
     best = float(post.sign() * (post.sign() * summary["mean"]).max())
     delta = decision.margin(higher, best)
-    return [(at, answer(post, at[-1], meta.get("baseline"), delta, decision.level)) for at in distinct(post, budgets).values()]
+    return [(at, answer(post, at[-1], meta.get("baseline"), delta, decision.level, cap=meta.get("seed_cap"))) for at in distinct(post, budgets).values()]

@@ -10,6 +10,7 @@ import html
 import math
 from typing import Any
 
+from explorer.formats import split
 from explorer.stats import LEVEL
 
 NO_INTERVALS = "one seed per configuration: no intervals"
@@ -18,6 +19,11 @@ NO_INTERVALS = "one seed per configuration: no intervals"
 def esc(value: Any) -> str:
     """`value` as HTML-safe text: plotly renders labels and hovers as HTML, and a study name is user text."""
     return html.escape(str(value), quote=True)
+
+
+def split_config(key: Any) -> str:
+    """A configuration's key as the report writes it: `3 / 8` (explorer.formats.split), HTML-safe."""
+    return esc(split(str(key)))
 
 
 def num(value: Any, digits: int = 4) -> str:

@@ -55,17 +55,19 @@ class Execution:
         return f"trains on {self.where}: {self.slots} trial{'s' if self.slots != 1 else ''} at once{share}, in {self.precision}{note}"
 
 
-def resolve(spec: ExecutorSpec, gpus: int, where: str, source: str) -> tuple[str, float]:
-    """(device kind, GPUs per trial) for `spec` where `gpus` GPUs exist (`where` names them)."""
+def resolve(spec: ExecutorSpec, gpus: int, where: str, source: str, flag: str | None = None) -> tuple[str, float]:
+    """(device kind, GPUs per trial) for `spec` where `gpus` GPUs exist (`where` names them); `flag`: the
+    command-line flag that set the device, which an error then names instead of the YAML field."""
     if spec.device == "cpu" and spec.gpu:
         raise ExplorerError(f"gpu: {spec.gpu:g} with device: cpu; drop one", source=source, field="executor.gpu")
     wants_gpu = spec.device == "cuda" or (spec.device == "auto" and gpus > 0 and spec.gpu != 0)
     if not wants_gpu:
         return "cpu", 0.0
     if gpus == 0:
-        raise ExplorerError(f"device: cuda, but {where} has no GPU (torch.cuda.is_available() is False, or "
-                            "CUDA_VISIBLE_DEVICES hides them); set executor.device: cpu (or auto) to train on CPUs",
-                            source=source, field="executor.device")
+        asked, fix = (f"{flag} cuda", f"pass {flag} cpu (or auto)") if flag else ("device: cuda", "set executor.device: cpu (or auto)")
+        raise ExplorerError(f"{asked}, but {where} has no GPU (torch.cuda.is_available() is False, or "
+                            f"CUDA_VISIBLE_DEVICES hides them); {fix} to train on CPUs",
+                            source=None if flag else source, field=None if flag else "executor.device")
     gpu = 1.0 if spec.gpu is None else spec.gpu
     if gpu == 0:
         raise ExplorerError("gpu: 0 with device: cuda; a GPU trial needs a GPU share (1, or 0.5 for two per GPU)",
@@ -91,7 +93,7 @@ def local_execution(study: Study) -> Execution:
     spec, source = study.spec.executor, str(study.source)
     visible = visible_gpus()
     gpus = len(visible)
-    device, gpu = resolve(spec, gpus, "this machine", source)
+    device, gpu = resolve(spec, gpus, "this machine", source, study.flags.get("device"))
     bf16 = study.spec.budget.bf16
     if device == "cpu":
         return Execution("cpu", precision("cpu", bf16), 0.0, spec.n_jobs or 1, "this machine's CPU")
@@ -109,7 +111,7 @@ def cluster_execution(study: Study, nodes: list[dict[str, float]]) -> Execution:
     """
     spec, source = study.spec.executor, str(study.source)
     gpus = sum(n.get("GPU", 0.0) for n in nodes)
-    device, gpu = resolve(spec, math.ceil(gpus), "the Ray cluster", source)
+    device, gpu = resolve(spec, math.ceil(gpus), "the Ray cluster", source, study.flags.get("device"))
     fits = [min(math.floor(n.get("CPU", 0.0) / spec.cpu + 1e-9),
                 math.floor(n.get("GPU", 0.0) / gpu + 1e-9) if gpu else math.inf) for n in nodes]
     capacity = int(sum(fits))

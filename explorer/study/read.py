@@ -131,8 +131,8 @@ class Reads:
     def answers(self, summary: pd.DataFrame) -> list[tuple[list[int], Answer]]:
         """The answer at each of the study's budgets (`decision.budgets`), budgets holding the same
         configurations once: (those budgets, their answer), from the summary's posterior. An undecided
-        answer's seeds are not limited to the study's `max_seeds`: once the policy has spent them, what
-        would decide it is still the user's question (and what `recommend` says)."""
+        answer offers seeds only to configurations below the study's cap (`Study.seed_cap`), and says how
+        many are at it."""
         if not len(summary):
             return []
         study, post = self.study, summary.attrs["posterior"]
@@ -140,7 +140,7 @@ class Reads:
         best = float(np.nanmax(post.sign() * summary["mean"])) * post.sign()
         delta = study.spec.decision.margin(study.task.higher_is_better, best)
         return [(at, answer(post, at[-1], base.key if base else None, delta, study.spec.decision.level,
-                            full=summary.attrs.get("full"), epochs=summary.attrs.get("epochs")))
+                            full=summary.attrs.get("full"), epochs=summary.attrs.get("epochs"), cap=study.seed_cap))
                 for at in distinct(post, study.budgets()).values()]
 
     def learning(self, frame: pd.DataFrame) -> str | None:

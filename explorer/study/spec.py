@@ -168,6 +168,7 @@ class ResolvedStudy:
     def __init__(self, spec: StudySpec, source: Path, space: SearchSpace | None = None):
         self.spec = spec
         self.source = source
+        self.flags: dict[str, str] = {}  # executor fields the command line set, by its flag (`device`: `--device`): errors name it
         self.space: SearchSpace = space or load_space(self.path(spec.space, "space"))
         options = {k: v for k, v in spec.task.items() if k != "name"}
         for key in ("root", "path"):
@@ -258,6 +259,11 @@ class ResolvedStudy:
     @property
     def seeds(self) -> list[int]:
         return self.spec.budget.seed_list
+
+    @property
+    def seed_cap(self) -> int:
+        """Seeds a configuration may get: budget.seeds, or decision.max_seeds where fewer."""
+        return min(len(self.seeds), self.spec.decision.max_seeds or len(self.seeds))
 
     def seed_of(self, trial: optuna.Trial | optuna.trial.FrozenTrial) -> int:
         """The seed a trial trains with: a queued replicate's own, else the first (every configuration starts there)."""

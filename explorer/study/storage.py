@@ -164,13 +164,18 @@ class Store:
         return self.storage()
 
     def changed(self, ostudy: optuna.Study) -> str | None:
-        """One line saying how this YAML differs from what the stored study was made with, or None."""
+        """One line saying how this YAML differs from what the stored study was made with, or None; a study
+        another YAML (still there) made under the same `name:` in this storage is said to be that."""
         stored = ostudy.user_attrs.get("identity")
         identity = self.study.identity()
         if stored is None or stored == identity:
             return None
-        fields = sorted(k for k in identity if identity[k] != stored.get(k))
-        return f"the stored study was made with another {', '.join(fields)}; rerun with --force to continue it anyway"
+        fields = ", ".join(sorted(k for k in identity if identity[k] != stored.get(k)))
+        maker = ostudy.user_attrs.get("source")
+        if maker and Path(maker) != self.study.source.resolve() and Path(maker).is_file():
+            return (f"{self.shown_location()} already holds a study named {self.study.spec.name!r}, made from {maker} "
+                    f"(another {fields}): give this YAML its own `name:` or `storage:`; rerun with --force to continue it anyway")
+        return f"the stored study was made with another {fields}; rerun with --force to continue it anyway"
 
     def _check_identity(self, ostudy: optuna.Study, force: bool) -> None:
         """Record what the study answers (whoever finds it unrecorded: its creator, or the next worker if
@@ -184,6 +189,7 @@ class Store:
             self.grid(ostudy)
             ostudy.set_metric_names([o.name for o in study.objectives])  # optuna-dashboard and optuna.visualization label them
             for key, value in {**identity, "encoding": study.encoding().name, "spec": study.spec.model_dump(mode="json"),
+                               "source": str(study.source.resolve()),  # which YAML made it (`changed` names it)
                                "space": study.space.to_dict(),
                                "baseline": study.space.baseline.key if study.space.baseline else None,
                                "metric": study.task.metric, "higher_is_better": study.task.higher_is_better,
@@ -200,6 +206,7 @@ class Store:
                 # trials stored before trials recorded their identity answered the question asked until now
                 ostudy.set_user_attr("legacy_identity", identity_key(stored))
             ostudy.set_user_attr("identity", identity)
+            ostudy.set_user_attr("source", str(study.source.resolve()))
             ostudy.set_metric_names([o.name for o in study.objectives])
             self.grid(ostudy)  # a forced new space: queue its configurations no trial has taken
 
