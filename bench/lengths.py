@@ -166,7 +166,7 @@ def study(truth: Truth, values: np.ndarray, lengths: list[int], target: int) -> 
     """One simulated study trained at `lengths`, answered at `target`: per question its judgement, and its compute."""
     from explorer.decisions import DecisionSpec, answer
     from explorer.posterior import split_row
-    from explorer.replicates import wanted_keys
+    from explorer import replicates
     from explorer.stats import summarize
 
     budget = _budget(lengths, truth.cooldown)
@@ -179,7 +179,7 @@ def study(truth: Truth, values: np.ndarray, lengths: list[int], target: int) -> 
         frame = pd.concat([frame_of(truth, values, runs), frame_of(truth, values, {(k, s): e for k, s, e in extra})])
         table = summarize(frame, "accuracy", OBJECTIVES, draws=0, epochs=target, lengths=lengths, compute=compute)
         post, full = table.attrs["posterior"], table.attrs["full"]
-        more = wanted_keys(post, CAP, at, decision, truth.baseline, full, target)
+        more = replicates.wanted_keys(post, CAP, at, decision, truth.baseline, full, target)
         if not more:
             break
         for row in more:
@@ -270,7 +270,7 @@ def main() -> None:
     line = {}
     for name in names:
         truth = load(name)
-        print(f"{truth.name}: lengths {truth.lengths}, {len(truth.keys)} configurations, run noise correlation across "
+        print(f"{TABLES[name][0]}: lengths {truth.lengths}, {len(truth.keys)} configurations, run noise correlation across "
               f"lengths {truth.corr:.2f}")
         for policy in policies:
             rows, costs = results.get((policy, name), ([], []))

@@ -244,7 +244,7 @@ def answer(posterior: Posterior, budget: int, baseline: str | None, delta: float
                   measured=measured)
     if said.decided or not advise:
         return said
-    ladder = ladder_of(full) if full is not None and epochs is not None and full is not posterior else []
+    ladder = to_buy(ladder_of(full), epochs) if full is not None and epochs is not None and full is not posterior else []
     source, asked = (full, [row_key(k, epochs) for k in keys]) if ladder else (posterior, list(keys))
     if room is None and cap is not None:
         room = {k: max(cap - int(n), 0) for k, n in zip(source.keys, source.n) if n > 0 or ladder}
@@ -280,7 +280,7 @@ def next_seeds(posterior: Posterior, budgets: Sequence[int], delta: float, level
     a first run at the target to each question's best means, then runs by value per second."""
     ladder = ladder_of(posterior) if epochs is not None else []
     if ladder:
-        return _next_runs(posterior, budgets, delta, level, room, batch, baseline, epochs, ladder)
+        return _next_runs(posterior, budgets, delta, level, room, batch, baseline, epochs, to_buy(ladder, epochs))
     questions = list(distinct(posterior, budgets))
     dof = posterior.noise.dof if posterior.noise is not None else 0.0
     if dof < MIN_NOISE_DOF:  # too little replication to trust the noise: more seeds of each question's best means
@@ -303,6 +303,13 @@ def next_seeds(posterior: Posterior, budgets: Sequence[int], delta: float, level
                                                                               delta, level):
         chosen.setdefault(baseline, 1)
     return list(chosen)
+
+
+def to_buy(ladder: Sequence[int], epochs: int) -> list[int]:
+    """The lengths a run is bought at: the shortest (a new seed, cheap) and the target (under wsd its run gives
+    every shorter rung too; on bench/lengths.py the policy spent a third of its runs on the middle rung of
+    10/20/40 and decided nothing at 40)."""
+    return sorted({ladder[0], epochs})
 
 
 def _next_runs(full: Posterior, budgets: Sequence[int], delta: float, level: float, room: Mapping[str, int],
