@@ -161,7 +161,7 @@ def test_a_ladder_study_answers_at_its_target_length_and_buys_longer_runs(tmp_pa
     assert {1} <= lengths <= {1, 2} and all(set(t.user_attrs["rungs"]) <= {"1", "2"} for t in done)
     assert len({(t.params["arch"], study.seed_of(t), study.length_of(t)) for t in done}) == len(done)  # each run once
     status = runner.invoke(app, ["status", str(path)])
-    assert status.exit_code == 0 and "answers at the study's budgets at 2 epochs" in status.output.replace("\n", " ")
+    assert status.exit_code == 0 and "Answers at the study's budgets at 2 epochs" in status.output.replace("\n", " ")
     rec = runner.invoke(app, ["recommend", str(path), "--budget", "10k"])
     assert rec.exit_code == 0 and "at 2 epochs: use " in rec.output
     at1 = runner.invoke(app, ["recommend", str(path), "--budget", "10k", "--epochs", "1"])
