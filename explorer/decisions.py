@@ -39,8 +39,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from explorer.errors import ExplorerError
 from explorer.formats import margin as with_unit
 from explorer.formats import plural, points, split, value
-from explorer.posterior import LEVEL, Posterior, Regret, at_length, row_key, split_row
-from explorer.voi import greedy, ladder_of, seeds_to_decide
+from explorer.posterior import LEVEL, Posterior, Regret, at_length, lengths, row_key, split_row
+from explorer.voi import greedy, seeds_to_decide
 from explorer.units import format_count, parse_count
 
 _BELOW = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*%\s*-?\s*below\s*-?\s*baseline\s*$", re.IGNORECASE)
@@ -244,7 +244,7 @@ def answer(posterior: Posterior, budget: int, baseline: str | None, delta: float
                   measured=measured)
     if said.decided or not advise:
         return said
-    ladder = to_buy(ladder_of(full), epochs) if full is not None and epochs is not None and full is not posterior else []
+    ladder = to_buy(lengths(full), epochs) if full is not None and epochs is not None and full is not posterior else []
     source, asked = (full, [row_key(k, epochs) for k in keys]) if ladder else (posterior, list(keys))
     if room is None and cap is not None:
         room = {k: max(cap - int(n), 0) for k, n in zip(source.keys, source.n) if n > 0 or ladder}
@@ -278,7 +278,7 @@ def next_seeds(posterior: Posterior, budgets: Sequence[int], delta: float, level
     With several lengths `posterior` is the whole one, `epochs` the target length, `room` per row, and
     what it returns are rows (a configuration at a length): the first seeds go to the shortest length,
     a first run at the target to each question's best means, then runs by value per second."""
-    ladder = ladder_of(posterior) if epochs is not None else []
+    ladder = lengths(posterior) if epochs is not None else []
     if ladder:
         return _next_runs(posterior, budgets, delta, level, room, batch, baseline, epochs, to_buy(ladder, epochs))
     questions = list(distinct(posterior, budgets))

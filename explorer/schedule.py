@@ -72,7 +72,3 @@ class Rungs:
     def branches_at(self, epoch: int) -> list[int]:
         """The shorter rungs whose cooldown starts before main epoch `epoch` trains."""
         return [r for r in self.ladder[:-1] if self.wsd.decay_start(r) == epoch]
-
-    def compute(self) -> int:
-        """Epochs trained in all: the longest run plus each shorter rung's cooldown."""
-        return self.ladder[-1] + sum(cooldown_epochs(r, self.wsd.cooldown) for r in self.ladder[:-1])

@@ -84,9 +84,6 @@ def greedy(posterior: Posterior, sets: Sequence[tuple[str, ...]], delta: float, 
     return chosen, sum(now) <= 0
 
 
-def ladder_of(posterior: Posterior) -> list[int]:
-    return sorted({e for e in (split_row(k)[1] for k in posterior.keys) if e is not None})
-
 
 def seeds_to_decide(posterior: Posterior, keys: Sequence[str], delta: float, level: float = LEVEL,
                     room: Mapping[str, int] | None = None, cap: int = ADVICE_CAP,

@@ -58,6 +58,29 @@ def test_decide_bench_runs_the_whole_loop_and_prints_its_last_line() -> None:
 
 
 @pytest.mark.slow
+def test_lengths_bench_runs_the_whole_loop_and_prints_its_last_line() -> None:
+    """bench/lengths.py --quick: 2 simulated studies of the 10/20/40-epoch table through the posterior over
+    lengths, the decide policy and the answer at 40 epochs, beside the shortest-length answer and a random
+    pick (figures that mean nothing at 2; the full run's are in docs/benchmarks/past-the-space.md)."""
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "lengths.py"), "--quick", "--jobs", "1"],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert re.fullmatch(r"lengths within [01]\.\d\d short [01]\.\d\d decided [01]\.\d\d false [01]\.\d{3} compute \d+\.\d\d",
+                        lines[-1]), lines[-1]
+    assert any(line.strip().startswith("short:") for line in lines) and any(line.strip().startswith("random:") for line in lines)
+
+
+def test_extrapolate_bench_scores_the_posterior_past_the_data_against_its_floors() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "extrapolate.py"), "--quick"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    last = done.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"extrapolate regret \d+\.\d\d baseline \d+\.\d\d coverage [01]\.\d\d worst [01]\.\d\d", last), last
+    assert "random" in done.stdout and "keep" in done.stdout
+
+
+@pytest.mark.slow
 def test_gpu_bench_runs_on_the_cpu_and_prints_both_ways_side_by_side() -> None:
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--configs", "1", "--epochs", "1", "--seeds", "2",
                           "--modes", "none,cudagraphs"], capture_output=True, text=True, timeout=600)

@@ -160,6 +160,9 @@ def test_a_ladder_study_answers_at_its_target_length_and_buys_longer_runs(tmp_pa
     lengths = {t.user_attrs["epochs"] for t in done}
     assert {1} <= lengths <= {1, 2} and all(set(t.user_attrs["rungs"]) <= {"1", "2"} for t in done)
     assert len({(t.params["arch"], study.seed_of(t), study.length_of(t)) for t in done}) == len(done)  # each run once
+    page = (tmp_path / "dashboards" / "tiny.html").read_text()
+    answers = page.split('id="answer-table"', 1)[1].split("</table>", 1)[0]
+    assert "<th title=\"sort\">epochs</th>" in answers and "<td>1</td>" in answers and "<td>2</td>" in answers  # each length
     status = runner.invoke(app, ["status", str(path)])
     assert status.exit_code == 0 and "Answers at the study's budgets at 2 epochs" in status.output.replace("\n", " ")
     rec = runner.invoke(app, ["recommend", str(path), "--budget", "10k"])

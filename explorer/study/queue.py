@@ -47,7 +47,7 @@ def arch(t: optuna.trial.FrozenTrial) -> Any:
     return t.system_attrs.get("fixed_params", t.params).get("arch")
 
 
-def run(study: Study, t: optuna.trial.FrozenTrial) -> tuple[Any, int, int]:
+def run(study: ResolvedStudy, t: optuna.trial.FrozenTrial) -> tuple[Any, int, int]:
     """What a trial measures: (configuration, seed, length). Every run is trained once."""
     return arch(t), study.seed_of(t), study.length_of(t)
 
