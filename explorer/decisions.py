@@ -238,7 +238,7 @@ def answer(posterior: Posterior, budget: int, baseline: str | None, delta: float
     if not keys:
         raise ExplorerError(f"no configuration within {format_count(budget)} parameters", field="budget")
     regret = posterior.regret(keys, level)
-    dof = posterior.noise.dof if posterior.noise is not None else 0.0
+    dof = noise_dof(posterior) if posterior.noise is not None else 0.0  # at the answer's length
     measured = bool(any(posterior.n[posterior.index[k]] > 0 for k in keys))
     said = Answer(budget, regret, delta, level, verdict(posterior, regret.pick, baseline, delta, level), noise_dof=dof,
                   measured=measured)
@@ -314,29 +314,28 @@ def to_buy(ladder: Sequence[int], epochs: int) -> list[int]:
 
 def _next_runs(full: Posterior, budgets: Sequence[int], delta: float, level: float, room: Mapping[str, int],
                batch: int | None, baseline: str | None, epochs: int, ladder: Sequence[int]) -> list[str]:
-    """`next_seeds` for several lengths: rows, judged at `epochs` per second of training."""
+    """`next_seeds` for several lengths: rows, judged at `epochs` per second of training. The run noise is
+    estimated first where it is cheap (seeds at the shortest length), then at the target itself (a bound at
+    a length is no decision before its own replicates give MIN_NOISE_DOF degrees of freedom: the noise of
+    40-epoch runs read off 10-epoch ones made the default study sure to 0.3 points of single runs)."""
     view = at_length(full, epochs)
     if not len(view.keys):  # no surface yet, nothing run at the target: rank by the shortest length's runs
         view = at_length(full, ladder[0])
     questions = list(distinct(view, budgets))
-    dof = full.noise.dof if full.noise is not None else 0.0
     measured = {split_row(k)[0] for k, n in zip(full.keys, full.n) if n > 0}
-    if dof < MIN_NOISE_DOF:  # the cheapest runs first: the best means of each question at the shortest length
-        out: dict[str, None] = {}
-        for depth in range(1, 1 + max(map(len, questions))):
-            for keys in questions:
-                top = sorted((k for k in keys if k in measured and room.get(row_key(k, ladder[0]), 0) > 0),
-                             key=lambda k: -view.sign() * view.mean[view.index[k]])
-                out.update(dict.fromkeys(row_key(k, ladder[0]) for k in top[:depth]))
-            if len(out) >= max(2, MIN_NOISE_DOF - dof):
-                break
-        return list(out)
+    for length, dof in ((ladder[0], full.noise.dof if full.noise is not None else 0.0), (epochs, noise_dof(view))):
+        if dof < MIN_NOISE_DOF:  # more runs of each question's best means at this length, enough to reach it
+            out: dict[str, None] = {}
+            for depth in range(1, 1 + max(map(len, questions))):
+                for keys in questions:
+                    top = sorted((k for k in keys if k in measured and room.get(row_key(k, length), 0) > 0),
+                                 key=lambda k: -view.sign() * view.mean[view.index[k]])
+                    out.update(dict.fromkeys(row_key(k, length) for k in top[:depth]))
+                if len(out) >= max(2, MIN_NOISE_DOF - dof):
+                    break
+            if out:
+                return list(out)
     regrets = [view.regret(q, level) for q in questions]
-    unreached = [q for q in questions if not any(view.n[view.index[k]] > 0 for k in q)]
-    if unreached:  # no run at the target yet: each question's best means get one (its length effect is unknown)
-        top = {k: None for q in unreached for k in sorted((k for k in q if k in measured and room.get(row_key(k, epochs), 0) > 0),
-                                                           key=lambda k: -view.sign() * view.mean[view.index[k]])[:2]}
-        return [row_key(k, epochs) for k in top]
     undecided = [tuple(row_key(k, epochs) for k in q) for q, r in zip(questions, regrets) if r.eps > delta]
     chosen: dict[str, int] = {}
     if undecided:
@@ -346,6 +345,12 @@ def _next_runs(full: Posterior, budgets: Sequence[int], delta: float, level: flo
     if target is not None and room.get(target, 0) > 0 and _claim_outruns(view, [r.pick for r in regrets], baseline, delta, level):
         chosen.setdefault(target, 1)
     return list(chosen)
+
+
+def noise_dof(posterior: Posterior) -> float:
+    """Degrees of freedom of the replicates a posterior's rows hold (at one length, read `at_length`): the
+    noise model's own for one length."""
+    return float(np.maximum(posterior.n - 1, 0).sum())
 
 
 def _claim_outruns(posterior: Posterior, picks: Sequence[str], baseline: str, delta: float, level: float) -> bool:
