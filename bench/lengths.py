@@ -55,6 +55,9 @@ import pandas as pd  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench.decide import budgets, questions  # noqa: E402  (the same budgets and questions as bench/decide.py)
+
 DATA = ROOT / "bench" / "data"
 N_TEST = 360
 DELTA = 0.01
@@ -120,20 +123,6 @@ def simulate(truth: Truth, seeds: int, rep: int) -> np.ndarray:
     b = truth.seed_sd * rng.standard_normal((seeds, 1))
     x = truth.mean[:, None, :] + b[None] + truth.sd[:, None, :] * z
     return np.clip(np.round(x * N_TEST) / N_TEST, 0, 1)
-
-
-def budgets(truth: Truth) -> list[int]:
-    return sorted({int(round(b)) for b in np.geomspace(min(truth.params.values()), max(truth.params.values()), 10)})
-
-
-def questions(truth: Truth) -> list[int]:
-    seen, out = set(), []
-    for b in budgets(truth):
-        inside = frozenset(k for k in truth.keys if truth.params[k] <= b)
-        if inside and inside not in seen:
-            seen.add(inside)
-            out.append(b)
-    return out
 
 
 def judge(truth: Truth, budget: int, pick: str, decided: bool, claims: list[tuple[str, str, str]], at: int) -> dict:

@@ -77,6 +77,15 @@ def still_learning(frame: pd.DataFrame, metric: str, higher_is_better: bool, bud
                          _per_epoch(done, budget) * budget.model_copy(update={"epochs": [*ladder, longer]}).compute(longer))
 
 
+def said(frame: pd.DataFrame, metric: str, higher_is_better: bool, budget: Budget) -> str | None:
+    """In words, when the runs of a `trials_frame` were still learning as they stopped; else None."""
+    found = still_learning(frame, metric, higher_is_better, budget)
+    if found is None or not found.learning:
+        return None
+    unit, what = (100.0, "points") if higher_is_better else (1.0, metric)
+    return found.words(unit, what, metric)
+
+
 def _per_epoch(done: pd.DataFrame, budget: Budget) -> float:
     """The runs' median seconds per epoch trained (a ladder's run trains its cooldown branches too)."""
     if "train_time_s" not in done or not done["train_time_s"].notna().any():

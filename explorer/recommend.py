@@ -29,7 +29,7 @@ import pandas as pd
 from explorer.decisions import Answer, DecisionSpec, answer
 from explorer.errors import ExplorerError
 from explorer.formats import dims_of, interval, margin, plural, split, split_header, value
-from explorer.learning import still_learning
+from explorer.learning import said as learning_words
 from explorer.posterior import LEVEL, Posterior
 from explorer.pruning import pruned_within
 from explorer.space import widened
@@ -296,8 +296,5 @@ def for_study(study: Study, trials: pd.DataFrame, limit: int, list_ties: bool = 
     rec = recommend(trials, limit, base.key if base else None, study.task.metric, space, study.task.higher_is_better,
                     decision=study.spec.decision, list_ties=list_ties, first_seed=study.seeds[0], cap=study.seed_cap, epochs=target,
                     lengths=ladder, compute={e: budget.compute(e) for e in ladder}, outside=outside)
-    learning = still_learning(trials, study.task.metric, study.task.higher_is_better, budget)
-    if learning is not None and learning.learning:
-        unit, what = rec.units()
-        notes.append(learning.words(unit, what, study.task.metric))
+    notes += filter(None, [learning_words(trials, study.task.metric, study.task.higher_is_better, budget)])
     return replace(rec, pruned=tuple(pruned_within(trials, limit)), notes=tuple(notes))

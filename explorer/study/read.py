@@ -145,14 +145,10 @@ class Reads:
 
     def learning(self, frame: pd.DataFrame) -> str | None:
         """In words, when the runs of a `trials_frame` were still learning as they stopped (explorer.learning)."""
-        from explorer.learning import still_learning
+        from explorer.learning import said
 
         study = self.study
-        found = still_learning(frame, study.task.metric, study.task.higher_is_better, study.spec.budget)
-        if found is None or not found.learning:
-            return None
-        unit, what = (100.0, "points") if study.task.higher_is_better else (1.0, study.task.metric)
-        return found.words(unit, what, study.task.metric)
+        return said(frame, study.task.metric, study.task.higher_is_better, study.spec.budget)
 
     def replicate_cost(self, ostudy: optuna.Study) -> tuple[int, int]:
         """(runs measured, runs that every measured configuration at the maximum seeds would take)."""
