@@ -21,6 +21,7 @@ pytest.importorskip("transformers", reason="the hf extra is not installed (pip i
 
 from explorer.cli import app  # noqa: E402
 from explorer.conditioning import attention_condition, attention_modules, condition_number  # noqa: E402
+from explorer.errors import ExplorerError  # noqa: E402
 from explorer.executors.local import LocalExecutor  # noqa: E402
 from explorer.families import get_family  # noqa: E402
 from explorer.space import load_space  # noqa: E402
@@ -135,11 +136,15 @@ def test_kv_heads_fixed_tied_or_free_in_a_space(tmp_path: Path) -> None:
     fixed = tmp_path / "fixed.yaml"
     fixed.write_text(doc.replace("  kv_heads: [1, 2]\n", "").replace("tie_weights: true}", "tie_weights: true, kv_heads: 4}")
                      .replace("baseline: {layers: 4, heads: 4, kv_heads: 2}", "baseline: {layers: 4, heads: 4}"))
+    with pytest.raises(ExplorerError, match="free.heads") as listed:  # a listed value no configuration can take
+        load_space(fixed)
+    assert "2" in str(listed.value)  # 2 query heads cannot share 4 key/value heads: said, not dropped
+    fixed.write_text(fixed.read_text().replace("heads: [2, 4, 8]", "heads: [4, 8]"))
     space = load_space(fixed)
-    assert {c["heads"] for c in space.configs()} == {4, 8}  # 2 query heads cannot share 4 key/value heads
+    assert {c["heads"] for c in space.configs()} == {4, 8}
     assert "kv_heads 4 must divide heads 2" in " ".join(space.explain({**space.configs()[0].dims, "heads": 2}))
     tied = tmp_path / "tied.yaml"
-    tied.write_text(fixed.read_text().replace("kv_heads: 4}", "kv_heads: heads}"))
+    tied.write_text(fixed.read_text().replace("kv_heads: 4}", "kv_heads: heads}").replace("heads: [4, 8]", "heads: [2, 4, 8]"))
     configs = load_space(tied).configs()
     assert len(configs) == 9 and all(c["kv_heads"] == "heads" for c in configs)
     mha = next(c for c in configs if c["heads"] == 4 and c["layers"] == 1)
