@@ -342,8 +342,9 @@ def _next_runs(full: Posterior, budgets: Sequence[int], delta: float, level: flo
         options = {row_key(k, e): room.get(row_key(k, e), 0) for k in measured for e in ladder}
         chosen, _ = greedy(full, undecided, delta, level, options, batch or max(2, len(undecided)), repeat=False, ladder=ladder)
     target = row_key(baseline, epochs) if baseline is not None else None
-    if target is not None and room.get(target, 0) > 0 and _claim_outruns(view, [r.pick for r in regrets], baseline, delta, level):
-        chosen.setdefault(target, 1)
+    if target is not None and room.get(target, 0) > 0 and baseline in measured and (
+            full.n[full.index[target]] == 0 or _claim_outruns(view, [r.pick for r in regrets], baseline, delta, level)):
+        chosen.setdefault(target, 1)  # no verdict against a baseline with no run at the target
     return list(chosen)
 
 
