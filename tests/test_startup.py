@@ -48,7 +48,7 @@ def test_params_and_status_of_an_own_family_load_no_heavy_engine(tmp_path: Path)
 
 
 def test_the_family_registry_imports_a_family_on_first_use(tmp_path: Path) -> None:
-    """Listing the families imports none; counting one imports its own module, and neither torch nor another family's."""
+    """Listing the families imports none; counting one imports its own module and the shared dims dataclasses, and neither torch nor another family's."""
     code = ("import sys; from explorer.families import family_names, get_family; names = family_names(); "
             "print(sorted(m for m in sys.modules if m.startswith('explorer.families.'))); "
             "print(get_family('sequence-classifier').params({'layers': 2, 'heads': 2, 'width': 8, 'mlp': 16})); "
@@ -57,4 +57,4 @@ def test_the_family_registry_imports_a_family_on_first_use(tmp_path: Path) -> No
     assert proc.returncode == 0, proc.stderr[-2000:]
     listed, count, counted = proc.stdout.splitlines()
     assert listed == "[]" and int(count) > 0
-    assert counted == "['explorer.families._counts', 'explorer.families.sequence']"
+    assert counted == "['explorer.families._counts', 'explorer.families._dims', 'explorer.families.sequence']"
