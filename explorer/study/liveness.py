@@ -121,16 +121,17 @@ def _fail_unbeaten(ostudy: optuna.Study, observed: Observed) -> None:
 def journal_storage(path: str, interval: int, grace: float) -> optuna.storages.BaseStorage:
     """Optuna's journal file storage, with heartbeats (`fail_stale_trials` and `beating` use them)."""
     backend = optuna.storages.journal.JournalFileBackend(path)
-    return _journal_class()(backend, interval, grace)
+    return _beats_class(optuna.storages.JournalStorage)(interval, grace, backend)
 
 
 @functools.cache
-def _journal_class() -> type:
-    class _JournalBeats(optuna.storages.JournalStorage, heartbeat_base()):
-        """A journal storage that implements Optuna's heartbeat interface through a trial system attr."""
+def _beats_class(base: type) -> type:
+    class _Beats(base, heartbeat_base()):
+        """A storage that implements Optuna's heartbeat interface through a trial system attr (the journal's
+        and the gRPC proxy's have none)."""
 
-        def __init__(self, backend: Any, interval: int, grace: float) -> None:
-            super().__init__(backend)
+        def __init__(self, interval: int, grace: float, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
             self._interval, self._grace, self._observed = interval, grace, Observed()
 
         def record_heartbeat(self, trial_id: int) -> None:
@@ -147,4 +148,6 @@ def _journal_class() -> type:
         def get_heartbeat_stale_trial_callback(self) -> None:
             return None  # the queue queues dead workers' trials again, under the study's lock
 
-    return _JournalBeats
+    _Beats.__name__ = _Beats.__qualname__ = f"{base.__name__}WithBeats"
+    return _Beats
+

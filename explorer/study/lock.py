@@ -8,8 +8,7 @@ those decisions read and write under this lock, and each sees what the one befor
 The lock lives where the storage does, and dies with its holder, so a worker killed by SIGKILL never
 leaves it held: an `flock` on a file beside a SQLite or journal file (the kernel drops it with the
 process; NFSv4 supports it for journal files on a shared folder), a PostgreSQL session-level advisory
-lock (the server drops it with the connection). Other servers get the threads of one process only,
-which `Store` says once.
+lock (the server drops it with the connection). Other servers get the threads of one process only.
 """
 
 from __future__ import annotations
@@ -31,9 +30,15 @@ from explorer.errors import ExplorerError
 
 class StudyLock:
     """Re-entrant within a thread (the outermost hold takes the process-wide part), exclusive across
-    threads of a process and across processes: `with lock():`."""
+    threads of a process and across processes: `with lock():`.
 
-    def __init__(self, file: Path | None, url: str, name: str, timeout_s: float):
+    `caches` are told when the outermost hold begins (`stale()`: what they read from now on must be read
+    anew) and before it ends (`decided()`: what was written under the lock is stored before another worker
+    decides): a cache of the storage (optuna_cache.owner_cache) decides with it as if there were none.
+    """
+
+    def __init__(self, file: Path | None, url: str, name: str, timeout_s: float, heartbeat_s: float = 5):
+        self.caches: list[Any] = []
         self._threads = threading.RLock()
         self._depth = 0
         self._timeout_s = timeout_s
@@ -52,11 +57,18 @@ class StudyLock:
         if not self._threads.acquire(timeout=self._timeout_s):
             raise ExplorerError(f"the study's lock was held by another thread past {self._timeout_s:g} s (storage_timeout_s)")
         try:
-            if self._depth == 0 and self._across is not None:
+            outermost = self._depth == 0
+            if outermost and self._across is not None:
                 self._across.acquire(self._timeout_s)
             self._depth += 1
             try:
+                if outermost:
+                    for cache in self.caches:
+                        cache.stale()
                 yield
+                if outermost:
+                    for cache in self.caches:
+                        cache.decided()
             finally:
                 self._depth -= 1
                 if self._depth == 0 and self._across is not None:
@@ -121,3 +133,4 @@ class _AdvisoryLock:
         connection, self._connection = self._connection, None
         if connection is not None:
             connection.close()  # ends the session, and with it the lock
+

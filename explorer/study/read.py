@@ -15,7 +15,7 @@ import pandas as pd
 
 from explorer.decisions import Answer, answer, distinct
 from explorer.frame import trials_frame
-from explorer.identity import classes, current_key, current_rows, current_trials
+from explorer.identity import classes, current_key, current_rows, current_trials, per_trial
 from explorer.pruning import Peer
 from explorer.stats import summarize
 
@@ -110,10 +110,14 @@ class Reads:
     def completed(self, ostudy: optuna.Study) -> dict[tuple[str, int], optuna.trial.FrozenTrial]:
         """The first completed measurement of each (configuration, seed)."""
         out: dict[tuple[str, int], optuna.trial.FrozenTrial] = {}
-        for t in current_trials(ostudy, states=(_COMPLETE,)):
-            if "duplicate_of" not in t.user_attrs:
-                out.setdefault((t.params.get("arch"), self.study.seed_of(t)), t)
+        trials = [t for t in current_trials(ostudy, states=(_COMPLETE,)) if "duplicate_of" not in t.user_attrs]
+        for t, pair in zip(trials, per_trial(ostudy, trials, "pair", self.pair), strict=True):
+            out.setdefault(pair, t)
         return out
+
+    def pair(self, t: optuna.trial.FrozenTrial) -> tuple[str, int]:
+        """A stored trial's (configuration, seed)."""
+        return t.params.get("arch"), self.study.seed_of(t)
 
     def summary(self, ostudy: optuna.Study, draws: int | None = None) -> pd.DataFrame:
         """Per-configuration statistics of the stored measurements (explorer.stats.summarize), with the

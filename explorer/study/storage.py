@@ -19,6 +19,7 @@ import sqlalchemy.exc
 
 from explorer.errors import ExplorerError
 from explorer.identity import identity_key
+from explorer.optuna_cache import owner_cache
 from explorer.study.liveness import Observed, fail_dead, journal_storage
 from explorer.study.lock import StudyLock
 from explorer.study.sqlite import SQLiteStorage
@@ -44,7 +45,7 @@ class Store:
         """The study's lock across threads and processes (explorer.study.lock): queue decisions take it."""
         spec = self.study.spec
         return StudyLock(self.file() if not self.url.startswith("sqlite:///:memory:") else None, self.url, spec.name,
-                         spec.storage_timeout_s)
+                         spec.storage_timeout_s, spec.heartbeat_s)
 
     @property
     def url(self) -> str:
@@ -113,8 +114,11 @@ class Store:
         return ExplorerError(f"{what} storage {shown(self.url)!r}: {text[0] if text else type(err).__name__}{hint}",
                              source=str(self.study.source), field="storage")
 
-    def open(self, *, create: bool = True, force: bool = False) -> optuna.Study:
+    def open(self, *, create: bool = True, force: bool = False, own_cache: bool = False) -> optuna.Study:
         """Create the Optuna study or load the existing one, to run it; several workers may open it at once.
+
+        `own_cache` reads it through a cache that holds the trials this process runs (optuna_cache.owner_cache:
+        the Ray driver's, whose trials all run through its one process).
 
         An existing study whose space, task or objectives differ is refused unless `force`: its stored
         trials would silently mix two questions. A grid study queues every feasible configuration as a
@@ -122,6 +126,7 @@ class Store:
         """
         study = self.study
         storage = self.existing() if not create else self.storage(create=True)
+        storage = owner_cache(storage) if own_cache else storage
         directions = [o.direction for o in study.objectives]
         kwargs = dict(study_name=study.spec.name, storage=storage, sampler=study.sampler())
         try:
