@@ -6,9 +6,10 @@
 - A trial whose worker died before its first heartbeat has no row, and Optuna never fails it. An
   observer fails it once it has seen it RUNNING without a heartbeat for the whole grace period, on its
   own monotonic clock (no start time written by another machine's clock is read).
-- Journal files: Optuna keeps no heartbeats there. explorer records one as a trial system attr whose
-  value changes at every beat, and an observer fails a trial whose beat it has seen unchanged for the
-  grace period, again on its own monotonic clock (values are compared only for equality).
+- Journal files and Optuna's gRPC storage proxy: Optuna keeps no heartbeats there. explorer records one
+  as a trial system attr whose value changes at every beat, and an observer fails a trial whose beat it
+  has seen unchanged for the grace period, again on its own monotonic clock (values are compared only
+  for equality).
 
 A worker beats from a thread of its own (`Heartbeat`) that outlives a busy storage: a beat that fails
 is retried at the next, since a heartbeat thread that died would get its live trial reclaimed.
@@ -124,6 +125,20 @@ def journal_storage(path: str, interval: int, grace: float) -> optuna.storages.B
     return _beats_class(optuna.storages.JournalStorage)(interval, grace, backend)
 
 
+def grpc_storage(url: str, interval: int, grace: float, timeout_s: float) -> optuna.storages.BaseStorage:
+    """A client of Optuna's gRPC storage proxy at `grpc://host:port`, with heartbeats (as the journal's: the
+    proxy forwards none), its errors as Optuna's StorageInternalError; ready within `timeout_s` or an error."""
+    host, _, port = url.removeprefix("grpc://").rstrip("/").rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"{url}: write grpc://HOST:PORT")
+    storage = _grpc_class()(interval, grace, host=host, port=int(port))
+    try:
+        storage.wait_server_ready(timeout=timeout_s)
+    except Exception:  # grpc.FutureTimeoutError: nothing answers there
+        raise ConnectionError(f"no gRPC storage proxy answered at {host}:{port} within {timeout_s:g} s") from None
+    return storage
+
+
 @functools.cache
 def _beats_class(base: type) -> type:
     class _Beats(base, heartbeat_base()):
@@ -151,3 +166,20 @@ def _beats_class(base: type) -> type:
     _Beats.__name__ = _Beats.__qualname__ = f"{base.__name__}WithBeats"
     return _Beats
 
+
+@functools.cache
+def _grpc_class() -> type:
+    import grpc
+
+    def translated(method: Any) -> Any:
+        @functools.wraps(method)
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, *args, **kwargs)
+            except grpc.RpcError as err:  # the proxy's answer: a status code and its details (unreachable, its storage's error)
+                raise optuna.exceptions.StorageInternalError(f"gRPC {err.code().name}: {err.details()}") from err
+        return call
+
+    base = _beats_class(optuna.storages.GrpcStorageProxy)
+    names = [n for n, v in vars(optuna.storages.BaseStorage).items() if callable(v) and not n.startswith("__")]
+    return type("GrpcStorage", (base,), {n: translated(getattr(base, n)) for n in names if hasattr(base, n)})

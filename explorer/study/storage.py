@@ -20,7 +20,7 @@ import sqlalchemy.exc
 from explorer.errors import ExplorerError
 from explorer.identity import identity_key
 from explorer.optuna_cache import owner_cache
-from explorer.study.liveness import Observed, fail_dead, journal_storage
+from explorer.study.liveness import Observed, fail_dead, grpc_storage, journal_storage
 from explorer.study.lock import StudyLock
 from explorer.study.sqlite import SQLiteStorage
 
@@ -74,7 +74,8 @@ class Store:
         return str(file) if file else shown(self.url)
 
     def storage(self, *, create: bool = False) -> optuna.storages.BaseStorage:
-        """The Optuna storage, with heartbeats: RDB (SQLite default), or `journal:PATH` for a journal file.
+        """The Optuna storage, with heartbeats: RDB (SQLite default), `journal:PATH` for a journal file, or
+        `grpc://HOST:PORT` for Optuna's gRPC storage proxy.
 
         `create` takes the study's lock around Optuna's check-then-create of the tables, so workers
         opening a new database at once create them once (readers never take it: they write nothing).
@@ -84,6 +85,8 @@ class Store:
         try:
             if url.startswith("journal:"):
                 return journal_storage(str(self.file()), spec.heartbeat_s, grace)
+            if url.startswith("grpc://"):  # Optuna's gRPC storage proxy (pip install 'explorer[grpc]'), for very many workers
+                return grpc_storage(url, spec.heartbeat_s, grace, min(spec.storage_timeout_s, 10.0))
             sqlite = url.startswith("sqlite")
             for attempt in range(5):
                 try:  # heartbeats are "experimental" in Optuna since 2.8: say nothing about it on every open
@@ -109,8 +112,10 @@ class Store:
         while err.__cause__ is not None:  # Optuna wraps the driver's error: report the driver's words
             err = err.__cause__
         text = str(getattr(err, "orig", None) or err).strip().splitlines()
-        hint = ("; install the driver (postgresql:// uses psycopg 3: pip install 'explorer[postgres]')"
-                if isinstance(err, ModuleNotFoundError) else "")  # the URL names a database driver not installed
+        hint = ""  # the URL names a driver not installed
+        if isinstance(err, ModuleNotFoundError):
+            hint = ("; install grpcio: pip install 'explorer[grpc]'" if (err.name or "").startswith("grpc") else
+                    "; install the driver (postgresql:// uses psycopg 3: pip install 'explorer[postgres]')")
         return ExplorerError(f"{what} storage {shown(self.url)!r}: {text[0] if text else type(err).__name__}{hint}",
                              source=str(self.study.source), field="storage")
 
