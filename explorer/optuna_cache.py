@@ -64,7 +64,17 @@ def stored_state(storage: optuna.storages.BaseStorage, trial_id: int) -> optuna.
         return storage.get_trial(trial_id).state
     models = rdb_models()
     with _rdb_session(backend_of(storage)) as session:
-        return session.query(models.TrialModel.state).filter(models.TrialModel.trial_id == trial_id).scalar()
+        state = session.query(models.TrialModel.state).filter(models.TrialModel.trial_id == trial_id).scalar()
+    if state.is_finished() and trial_id in storage._owned:  # ended by another worker (failed as dead): not ours any more
+        storage.refresh(trial_id)
+    return state
+
+
+def flush_due(storage: optuna.storages.BaseStorage, seconds: float = 1.0) -> None:
+    """Store what an `owner_cache` kept if it last did so `seconds` ago (a running trial's curve); else nothing."""
+    flush = getattr(storage, "flush", None)
+    if flush is not None:
+        flush(due=seconds)
 
 
 def record_heartbeats(storage: optuna.storages.BaseStorage, trial_ids: list[int]) -> None:
@@ -258,7 +268,10 @@ def _owner_cache_class() -> type:
 
         def refresh(self, trial_id: int) -> optuna.trial.FrozenTrial:
             """The trial as stored now (read again, after this process's writes to it), kept in the cache."""
-            self.flush([trial_id])
+            try:
+                self.flush([trial_id])
+            except optuna.exceptions.UpdateFinishedTrialError:  # another worker ended it: what it kept is dropped
+                pass
             trial = self._backend.get_trial(trial_id)
             with self._lock:
                 if trial_id in self._trial_id_to_study_id_and_number:
@@ -337,9 +350,7 @@ def _owner_cache_class() -> type:
                     return True
                 with self._writing:
                     done = super().set_trial_state_values(trial_id, state=state, values=values)
-            except optuna.exceptions.UpdateFinishedTrialError:
-                with self._lock:
-                    self._pending.pop(trial_id, None)
+            except optuna.exceptions.UpdateFinishedTrialError:  # (what it kept was dropped by the flush that found it so)
                 self.refresh(trial_id)  # another worker ended it (failed it as dead): no longer ours
                 raise
             if done and state == TrialState.RUNNING:

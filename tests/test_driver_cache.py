@@ -22,7 +22,6 @@ ray = pytest.importorskip("ray")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # bench.standin: the stand-in task
 
-from explorer.executors import ray_bridge  # noqa: E402
 from explorer.executors.ray_bridge import OptunaBridge, _Link  # noqa: E402
 from explorer.optuna_compat import storage_of  # noqa: E402
 from explorer.study import load_study_spec  # noqa: E402
@@ -94,7 +93,6 @@ def test_the_driver_asks_and_tells_the_same_trials_through_its_cache(tmp_path: P
     the same configurations at the same seeds (first seeds, then the decide policy's rounds) and store the
     same values and attributes, trial for trial."""
     with monkeypatch.context() as plain:  # the searcher as it was before its cache
-        plain.setattr(ray_bridge, "owner_cache", lambda s: s)
         plain.setattr(storage_module, "owner_cache", lambda s: s)
         reference = study_at(tmp_path / "plain", storage)
         ostudy, link = drive(reference)

@@ -61,7 +61,7 @@ def test_workers_status_and_dashboard_through_the_proxy(proxy: str, tmp_path: Pa
     failed = "\n\n".join(f"worker exited {rc}; its output:\n{out}" for rc, out in results if rc != 0)
     assert not failed, failed
     completed_once(reader(proxy), 6)
-    studies = {s.study_name for s in optuna.get_all_studies(reader(proxy))}
+    studies = {s.study_name for s in reader(proxy).get_all_studies()}
     assert studies == {"tiny", "tiny.explorer-lock"}  # the study, and its lock's token (explorer.study.lock._TokenLock)
     status = subprocess.run([sys.executable, "-m", "explorer.cli", "status", str(path)], capture_output=True, text=True)
     assert status.returncode == 0 and "6/6 configurations measured" in status.stdout, status.stdout + status.stderr

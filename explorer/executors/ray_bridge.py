@@ -32,7 +32,7 @@ from ray.tune.search import Searcher
 from explorer.executors.base import TrialCallback
 from explorer.faults import Fault
 from explorer.study import Study
-from explorer.optuna_cache import owner_cache, read_again, record_heartbeats, stored_state
+from explorer.optuna_cache import flush_due, read_again, record_heartbeats, stored_state
 from explorer.optuna_compat import storage_of, trial_storage_id
 
 _FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
@@ -54,7 +54,7 @@ class _Link:
         self.execution = study.evaluator.execution  # the run's class, stamped on each trial at ask (a restored driver too)
         self.open_trials: dict[int, int] = {}  # Optuna trial number -> storage trial id, while RUNNING here
         self._study: Study | None = study
-        self._ostudy = None if ostudy is None else own_view(ostudy)
+        self._ostudy = None if ostudy is None else study.store.own(ostudy)
         self.on_trial = on_trial
         self._beating: threading.Event | None = None
 
@@ -82,9 +82,6 @@ class _Link:
         study = self.study()
         if self._ostudy is None:
             self._ostudy = study.open(create=False, force=True, own_cache=True)
-        storage = storage_of(self._ostudy)
-        if hasattr(storage, "flush") and storage not in study.store.lock.caches:
-            study.store.lock.caches.append(storage)  # the queue decides under the lock on what the storage holds
         if self._beating is None:
             self._beating = threading.Event()
             threading.Thread(target=self._heartbeat, args=(self._ostudy, self._beating), daemon=True).start()
@@ -132,24 +129,11 @@ class _Link:
                         trial_id, "interrupted", "the Ray run was interrupted (Ctrl-C) while it ran; its configuration is queued again")
                     self.tell(number, state=optuna.trial.TrialState.FAIL)
             self.study().queue.requeue_dead(self._ostudy)
-            storage = storage_of(self._ostudy)
-            if hasattr(storage, "flush"):
-                storage.flush()
-                if storage in self.study().store.lock.caches:
-                    self.study().store.lock.caches.remove(storage)
+            self.study().store.disown(self._ostudy)
         self.open_trials.clear()
         if self._beating is not None:
             self._beating.set()
         return stopped
-
-
-def own_view(ostudy: optuna.Study) -> optuna.Study:
-    """`ostudy` read through a cache of the trials this driver runs (optuna_cache.owner_cache): Tune calls
-    the searcher between every trial's events, and it would otherwise read every running trial again on each."""
-    storage = owner_cache(storage_of(ostudy))
-    if storage is storage_of(ostudy):
-        return ostudy
-    return optuna.load_study(study_name=ostudy.study_name, storage=storage, sampler=ostudy.sampler)
 
 
 # -- Optuna <-> Ray Tune ------------------------------------------------------------------------------------
@@ -278,9 +262,7 @@ class OptunaBridge(Searcher):
         del curve[result["epoch"] - 1:]  # a trial resumed from an older checkpoint repeats epochs
         curve.append(float(result[metric]))
         optuna.Trial(ostudy, self.link.open_trials[number]).set_user_attr("curve", curve)
-        storage = storage_of(ostudy)
-        if hasattr(storage, "flush"):
-            storage.flush(due=1.0)  # the driver's cache keeps it: `status` and dashboards see curves a second behind at most
+        flush_due(storage_of(ostudy))  # the driver's cache keeps it: `status` and dashboards see curves a second behind at most
 
     def save(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "wb") as f:

@@ -84,8 +84,8 @@ def beating(ostudy: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
 
 
 def _beat(storage: Any, trial_id: int) -> None:
-    try:
-        storage.record_heartbeat(trial_id)
+    try:  # a cache of this process's trials beats in turn with its other writes (optuna_cache.owner_cache)
+        getattr(storage, "beat", lambda ids: storage.record_heartbeat(ids[0]))([trial_id])
     except Exception:  # noqa: BLE001  locked, briefly unreachable, or the trial finished meanwhile: the next beat retries
         pass
 

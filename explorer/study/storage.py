@@ -20,6 +20,7 @@ import sqlalchemy.exc
 from explorer.errors import ExplorerError
 from explorer.identity import identity_key
 from explorer.optuna_cache import owner_cache
+from explorer.optuna_compat import storage_of
 from explorer.study.liveness import Observed, fail_dead, grpc_storage, journal_storage
 from explorer.study.lock import StudyLock
 from explorer.study.sqlite import SQLiteStorage
@@ -131,7 +132,7 @@ class Store:
         """
         study = self.study
         storage = self.existing() if not create else self.storage(create=True)
-        storage = owner_cache(storage) if own_cache else storage
+        storage = self._owned(owner_cache(storage)) if own_cache else storage
         directions = [o.direction for o in study.objectives]
         kwargs = dict(study_name=study.spec.name, storage=storage, sampler=study.sampler())
         try:
@@ -150,6 +151,26 @@ class Store:
         except STORAGE_ERRORS as err:
             raise self.error(err, "cannot open") from None
         return ostudy
+
+    def own(self, ostudy: optuna.Study) -> optuna.Study:
+        """`ostudy` read and written through a cache of the trials this process runs (optuna_cache.owner_cache,
+        RDB storages), which the study's lock keeps in step with the storage; `disown` stores what it kept."""
+        storage = owner_cache(storage_of(ostudy))
+        if storage is storage_of(ostudy):
+            return ostudy
+        return optuna.load_study(study_name=ostudy.study_name, storage=self._owned(storage), sampler=ostudy.sampler)
+
+    def _owned(self, storage: optuna.storages.BaseStorage) -> optuna.storages.BaseStorage:
+        if hasattr(storage, "flush"):
+            self.lock.caches.append(storage)  # decisions under the lock read the storage anew and are stored at its release
+        return storage
+
+    def disown(self, ostudy: optuna.Study) -> None:
+        """Store what `own`'s cache kept (running trials' curves), and let the lock forget it."""
+        storage = storage_of(ostudy)
+        if storage in self.lock.caches:
+            self.lock.caches.remove(storage)
+            storage.flush()
 
     def read(self) -> optuna.Study:
         """The stored study, to read: nothing is written (no identity, no queue, no file).
