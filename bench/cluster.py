@@ -26,8 +26,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import datetime
 import os
 import pstats
+import signal
 import statistics
 import sys
 import tempfile
@@ -43,7 +45,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.pgserver import throwaway_postgres  # noqa: E402
+from bench.pgserver import Server, throwaway_postgres  # noqa: E402
 from explorer.executors import ray_bridge  # noqa: E402
 from explorer.study import load_study_spec  # noqa: E402
 
@@ -75,7 +77,7 @@ class Driver:
     def __init__(self, profile: Any = None) -> None:
         self.calls: dict[str, list[float]] = {"suggest": [], "on_trial_result": [], "on_trial_complete": []}
         self.launches: list[float] = []  # the suggests that started a trial (the others found none to start)
-        self.profile = profile  # a cProfile.Profile of these calls alone (--profile)
+        self.profile = profile  # a cProfile.Profile of these calls alone (BENCH_PROFILE=1 in the environment)
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[None]:
@@ -121,7 +123,7 @@ def explorer_run(folder: Path, seconds: float, trials: int, gpus: int, storage: 
     path = write_study(folder, seconds, trials, storage, address, policy)
     driver, before = Driver(cProfile.Profile() if os.environ.get("BENCH_PROFILE") else None), commits["commit"]
     journal = folder / "cluster.log" if storage.startswith("journal:") else None
-    start = time.perf_counter()
+    start, began = time.perf_counter(), datetime.datetime.now()
     with driver.watching():
         study = load_study_spec(path)
         ostudy = study.open()
@@ -133,7 +135,10 @@ def explorer_run(folder: Path, seconds: float, trials: int, gpus: int, storage: 
     trained = [t for t in ostudy.get_trials() if t.state == optuna.trial.TrialState.COMPLETE and "duplicate_of" not in t.user_attrs]
     pairs = Counter((t.params["arch"], int(t.user_attrs.get("seed", 0))) for t in trained)
     writes = sum(1 for _ in journal.open()) if journal else commits["commit"] - before
+    first = [t for t in trained if not t.user_attrs.get("replicate")]  # before the replicate policy's first round
+    until = (max(t.datetime_complete for t in first) - began).total_seconds()
     return {"wall": wall, "trials": len(trained), "busy": len(trained) * seconds / (gpus * wall),
+            "busy_first": len(first) * seconds / (gpus * until),
             "twice": sum(n > 1 for n in pairs.values()), "running": len(ostudy.get_trials(states=(optuna.trial.TrialState.RUNNING,))),
             "replicates": sum(bool(t.user_attrs.get("replicate")) for t in trained),
             "suggest_ms": 1e3 * statistics.median(driver.launches or [0]),
@@ -198,6 +203,7 @@ def main() -> None:
     import ray
     from ray.cluster_utils import Cluster
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped bench still stops its cluster and server
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     per_node = args.gpus // args.nodes
@@ -210,14 +216,14 @@ def main() -> None:
     load = os.getloadavg()[0]
     try:
         with tempfile.TemporaryDirectory(prefix="explorer-cluster-") as tmp, contextlib.ExitStack() as stack:
-            pg = args.postgres or (stack.enter_context(throwaway_postgres(Path(tmp) / "pg")) if "postgresql" in args.storages else None)
+            server = stack.enter_context(throwaway_postgres()) if "postgresql" in args.storages and not args.postgres else None
             for seconds, waves in zip(args.seconds, args.waves * len(args.seconds)):
                 trials = int(waves * args.gpus)
                 done = {}
                 for name in args.storages:
                     folder = Path(tmp) / f"{name}-{seconds:g}"
                     storage = {"sqlite": f"sqlite:///{folder / 'cluster.db'}", "journal": f"journal:{folder / 'cluster.log'}",
-                               "postgresql": pg and pg.database()}[name]
+                               "postgresql": None}.get(name) or (server or Server(args.postgres)).database()
                     stop = threading.Event()
                     sampler = threading.Thread(target=worker_memory, args=(stop, memory), daemon=True)
                     sampler.start()
@@ -241,7 +247,8 @@ def print_row(seconds: float, name: str, r: dict[str, Any]) -> None:
               flush=True)
         return
     print(f"T={seconds:g}s  {'explorer, ' + name:<24} busy {r['busy']:.3f}  wall {r['wall']:7.1f} s  trials {r['trials']} "
-          f"({r['replicates']} replicates)  suggest {r['suggest_ms']:.1f} ms  driver {r['driver_ms']:.1f} ms/trial  "
+          f"({r['replicates']} replicates; busy {r['busy_first']:.3f} until the first round)  suggest {r['suggest_ms']:.1f} ms  "
+          f"driver {r['driver_ms']:.1f} ms/trial  "
           f"{r['writes']:.1f} {r['writes_name']}  trained twice {r['twice']}  left running {r['running']}", flush=True)
 
 

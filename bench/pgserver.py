@@ -10,6 +10,7 @@ import pwd
 import shutil
 import socket
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -40,8 +41,8 @@ def _bin(name: str) -> str:
 
 
 @contextlib.contextmanager
-def throwaway_postgres(root: Path) -> Iterator[Server]:
-    root.mkdir(parents=True)
+def throwaway_postgres() -> Iterator[Server]:
+    root = Path(tempfile.mkdtemp(prefix="explorer-pg-"))  # short (the server's socket lives here), its own: `postgres` owns it
     as_owner: list[str] = []
     if os.geteuid() == 0:  # initdb refuses to run as root
         user = pwd.getpwnam("postgres")
@@ -55,10 +56,13 @@ def throwaway_postgres(root: Path) -> Iterator[Server]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     data = root / "data"
-    subprocess.run([*as_owner, _bin("initdb"), "-D", str(data), "-U", "explorer", f"--pwfile={secret}", "--auth=scram-sha-256"],
-                   check=True, capture_output=True)
-    subprocess.run([*as_owner, _bin("pg_ctl"), "-D", str(data), "-l", str(root / "server.log"), "-w",
-                    "-o", f"-c listen_addresses=127.0.0.1 -p {port} -k {root}", "start"], check=True, capture_output=True)
+    for cmd in ([*as_owner, _bin("initdb"), "-D", str(data), "-U", "explorer", f"--pwfile={secret}", "--auth=scram-sha-256"],
+                [*as_owner, _bin("pg_ctl"), "-D", str(data), "-l", str(root / "server.log"), "-w",
+                 "-o", f"-c listen_addresses=127.0.0.1 -p {port} -k {root}", "start"]):
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode:
+            shutil.rmtree(root, ignore_errors=True)
+            raise SystemExit(f"no PostgreSQL server started here ({done.stderr.strip()[-300:]}); pass --postgres URL")
     try:
         yield Server(f"postgresql://explorer:explorer-bench@127.0.0.1:{port}/postgres")
     finally:

@@ -101,8 +101,8 @@ def classes(ostudy: optuna.Study) -> Counter[str]:
 def current_trials(ostudy: optuna.Study, states: tuple[optuna.trial.TrialState, ...] | None = None) -> list[optuna.trial.FrozenTrial]:
     """The study's trials that ran (or will run) under its current identity.
 
-    Through the Ray driver's cache (optuna_cache.owner_cache), which says which trials changed, the
-    answer is kept and only those are judged again: its queue reads it several times per trial it starts."""
+    Through a worker's cache (optuna_cache.owner_cache), which says which trials changed, the answer is
+    kept and only those are judged again: the queue reads it several times per trial it starts."""
     key = current_key(ostudy)
     view = trial_view(ostudy)
     if view is None:
@@ -129,7 +129,7 @@ _MISSING = object()
 
 def per_trial(ostudy: optuna.Study, trials: list[optuna.trial.FrozenTrial], name: str,
               fact: Callable[[optuna.trial.FrozenTrial], Any]) -> list[Any]:
-    """`[fact(t) for t in trials]`; through the Ray driver's cache (optuna_cache.owner_cache) each trial's
+    """`[fact(t) for t in trials]`; through a worker's cache (optuna_cache.owner_cache) each trial's
     fact is kept, under `name`, until that trial changes, so a queue reading thousands of trials per
     trial it starts judges each once."""
     storage = storage_of(ostudy)

@@ -1,6 +1,7 @@
-"""The Ray driver's cache of its Optuna storage (`owner_cache`), built on Optuna's private cache and RDB
-models: with `optuna_compat.py`, the only module that uses Optuna's private names (each looked up when
-used, a missing one saying what it breaks). Bottom floor: it imports nothing of explorer's but that module.
+"""A worker's cache of its Optuna storage (`owner_cache`: the Ray driver's, a local executor's), built on
+Optuna's private cache and RDB models: with `optuna_compat.py`, the only module that uses Optuna's private
+names (each looked up when used, a missing one saying what it breaks). Bottom floor: it imports nothing
+of explorer's but that module.
 """
 
 from __future__ import annotations
@@ -30,11 +31,11 @@ def owner_cache(storage: optuna.storages.BaseStorage, fresh_for: float = 1.0) ->
     - Writes to an owned trial (parameters, attributes, intermediate values) are kept and written in one
       transaction by `flush`: when the study's lock is released (`decided`, explorer.study.lock: what was
       written under it is stored before another worker decides), with the trial's end (the same transaction),
-      from the heartbeat thread, and at most a second after a running trial's epoch (the Ray driver's
-      `_record_epoch`: one write a second for every curve, not one per trial and epoch). A process that
-      dies first loses only what its unfinished trials wrote since; those are failed and run again anyway.
+      from the heartbeat thread, and at most a second after a running trial's epoch (`flush_due`: one
+      write a second for every curve, not one per trial and epoch). A process that dies first loses only
+      what its unfinished trials wrote since; those are failed and run again anyway.
     - Other trials are read again at most every `fresh_for` seconds, and at once after `stale()` (the
-      study's lock calls it when taken: decisions read the storage as it is). `version` counts changes.
+      study's lock calls it when taken: decisions read the storage as it is). `changes` counts changes.
     """
     rdb = backend_of(storage)
     if not isinstance(rdb, optuna.storages.RDBStorage):
@@ -197,7 +198,7 @@ def _owner_cache_class() -> type:
     import optuna.storages._cached_storage as cached_storage
     from optuna.trial import TrialState
 
-    feature = "the Ray driver's cache of its trials"
+    feature = "a worker's cache of its trials"
     base, info = _private(cached_storage, "_CachedStorage", feature), _private(cached_storage, "_StudyInfo", feature)
 
     class OwnerCache(base):
