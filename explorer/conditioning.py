@@ -40,8 +40,8 @@ the CPU: medians, because a few degenerate inputs (a blank digit) would dominate
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
@@ -49,26 +49,15 @@ from torch import nn
 
 from explorer.errors import ExplorerError
 from explorer.families import Family
+from explorer.kappa import REGIMES, BlockKappa, Kind, Regime, geometric_mean, resolved_width, summary
 
 if TYPE_CHECKING:
     from explorer.space import SearchSpace
     from explorer.tasks import Task
 
-Kind = Literal["token", "channel", "inner"]
-Regime = Literal["fixed-width", "fixed-head-dim", "varying"]
-REGIMES: tuple[Regime, ...] = ("fixed-width", "fixed-head-dim")
-
 # Attention classes whose names lack "Attention": timm XCiT's cross-covariance attention.
 _OTHER_ATTENTION_CLASSES = {"XCA"}
 _CHANNEL_ATTENTION_CLASSES = {"XCA", "ChannelAttention", "ChannelAttentionV2"}
-
-
-class BlockKappa(TypedDict):
-    """κ of one attention block: its module name, its attention kind, κ (None: its hook never fired)."""
-
-    name: str
-    kind: Kind
-    kappa: float | None
 
 
 def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -171,61 +160,6 @@ def attention_condition(model: nn.Module, batch_x: torch.Tensor, exclude_padding
     ]
 
 
-def geometric_mean(values: Iterable[float]) -> float | None:
-    """κ spans orders of magnitude, so its typical value is a mean of logs.
-
-    inf when any value is inf (a rank-deficient block is never dropped); None when there are none.
-    """
-    values = list(values)
-    if not values:
-        return None
-    if any(math.isinf(v) for v in values):
-        return math.inf
-    return math.exp(sum(map(math.log, values)) / len(values))
-
-
-def summary(blocks: Sequence[BlockKappa], kind: Kind = "token") -> float | None:
-    """Geometric mean κ over the measured blocks of one kind (token attention by default)."""
-    return geometric_mean(b["kappa"] for b in blocks if b["kind"] == kind and b["kappa"] is not None)
-
-
-def _resolved_width(family: Family, dims: Mapping[str, Any]) -> int:
-    """The width a configuration builds with (timm: the named model's embed dim when unset)."""
-    d = family.check(dims)
-    return d.resolved_width() if hasattr(d, "resolved_width") else d.width
-
-
-def space_regime(space: SearchSpace) -> Regime:
-    """How a space compares heads: at one width ("fixed-width"), at one head dimension
-    ("fixed-head-dim"), or neither ("varying")."""
-    family = space.family
-    shapes = {(_resolved_width(family, c.dims), c.dims["heads"]) for c in space.configs()}
-    if len({w for w, _ in shapes}) == 1:
-        return "fixed-width"
-    if len({w // h for w, h in shapes}) == 1:
-        return "fixed-head-dim"
-    return "varying"
-
-
-def kappa_attrs(init: Sequence[BlockKappa], final: Sequence[BlockKappa], regime: Regime) -> dict[str, Any]:
-    """What a trial stores about κ (Optuna user attrs).
-
-    `kappa_init` / `kappa_final`: κ per attention block in the model's order (None: not measured);
-    `kappa_blocks` / `kappa_kinds`: those blocks' module names and attention kinds;
-    `kappa_init_mean` / `kappa_final_mean`: geometric mean over the token-attention blocks (inf if
-    one is rank-deficient, None if the model has none, e.g. XCiT); `kappa_regime`: the space's regime.
-    """
-    return {
-        "kappa_init": [b["kappa"] for b in init],
-        "kappa_final": [b["kappa"] for b in final],
-        "kappa_blocks": [b["name"] for b in init],
-        "kappa_kinds": [b["kind"] for b in init],
-        "kappa_init_mean": summary(init),
-        "kappa_final_mean": summary(final),
-        "kappa_regime": regime,
-    }
-
-
 def _fixed_head_dim(family: Family, dims: Mapping[str, Any], head_dim: int, mlp_ratio: float | None) -> dict[str, Any]:
     """`dims` at width heads x head_dim, the MLP keeping its ratio to the width."""
     width = dims["heads"] * head_dim
@@ -250,7 +184,7 @@ def sweep(space: SearchSpace, regimes: Sequence[Regime] = REGIMES, head_dim: int
     if "fixed-width" in regimes:
         out += [("fixed-width", c.dims) for c in configs]
     if "fixed-head-dim" in regimes:
-        widths = [_resolved_width(family, c.dims) for c in configs]
+        widths = [resolved_width(family, c.dims) for c in configs]
         if head_dim is None:
             head_dim = max(w // c.dims["heads"] for w, c in zip(widths, configs))
         seen = set()
@@ -299,7 +233,7 @@ def condition_table(
             per_seed.append(attention_condition(family.build(dims), x))
         blocks = [_over_seeds(runs) for runs in zip(*per_seed)]
         token = [b for b in blocks if b["kind"] == "token" and b["kappa"] is not None]
-        width = _resolved_width(family, dims)
+        width = resolved_width(family, dims)
         rows.append(
             {
                 "regime": which,

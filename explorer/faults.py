@@ -12,8 +12,7 @@ and is never stored as a measurement.
 from __future__ import annotations
 
 import re
-
-import torch
+import sys
 
 from explorer.errors import TrialFailed
 
@@ -55,6 +54,7 @@ def classify(err: BaseException, *, shared: bool) -> BaseException:
         return err
     text = str(err).strip().splitlines()
     first = text[0] if text else ""
-    if isinstance(err, torch.AcceleratorError) or (isinstance(err, RuntimeError) and _BROKEN.search(first)):
+    torch = sys.modules.get("torch")  # an AcceleratorError comes from a torch already imported (none: none was raised)
+    if (torch is not None and isinstance(err, torch.AcceleratorError)) or (isinstance(err, RuntimeError) and _BROKEN.search(first)):
         return Fault(f"{type(err).__name__}: {first}", broken=True)
     return TrialFailed(f"{type(err).__name__}: {first}")

@@ -22,11 +22,15 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import optuna
 import pandas as pd
+
+from explorer.optuna_cache import trial_view
+from explorer.optuna_compat import storage_of, study_user_attrs
 
 CLASS = "execution"  # the user attr, on trials and on the study, naming the execution class
 
@@ -71,7 +75,7 @@ def identity_key(identity: dict[str, Any]) -> str:
 
 def current_key(ostudy: optuna.Study) -> Current:
     """The identity and execution class the storage holds now (None before the study recorded one)."""
-    attrs = ostudy.user_attrs
+    attrs = study_user_attrs(ostudy)
     stored = attrs.get("identity")
     bf16 = bool((stored or {}).get("budget", {}).get("bf16", True))
     return Current(identity_key(stored) if stored else None, attrs.get(CLASS), bf16, attrs.get("legacy_identity"))
@@ -95,9 +99,56 @@ def classes(ostudy: optuna.Study) -> Counter[str]:
 
 
 def current_trials(ostudy: optuna.Study, states: tuple[optuna.trial.TrialState, ...] | None = None) -> list[optuna.trial.FrozenTrial]:
-    """The study's trials that ran (or will run) under its current identity."""
+    """The study's trials that ran (or will run) under its current identity.
+
+    Through a worker's cache (optuna_cache.owner_cache), which says which trials changed, the answer is
+    kept and only those are judged again: the queue reads it several times per trial it starts."""
     key = current_key(ostudy)
-    return [t for t in ostudy.get_trials(deepcopy=False, states=states) if is_current(t, key)]
+    view = trial_view(ostudy)
+    if view is None:
+        return [t for t in ostudy.get_trials(deepcopy=False, states=states) if is_current(t, key)]
+    cache, study_id = view
+    trials = cache.trials(study_id)
+    kept = cache.memo.get(("current", study_id))
+    changed = None if kept is None or kept[1] != key else cache.changes.since(kept[0])
+    if changed is None:
+        members = [n for n in sorted(trials) if is_current(trials[n], key)]
+        member_set = set(members)
+    else:
+        members, member_set = kept[2], kept[3]
+        flipped = {n for n in changed if n in trials and is_current(trials[n], key) != (n in member_set)}
+        if flipped:
+            member_set = member_set ^ flipped
+            members = sorted(member_set)
+    cache.memo[("current", study_id)] = (cache.changes.version, key, members, member_set)
+    return [trials[n] for n in members if states is None or trials[n].state in states]
+
+
+_MISSING = object()
+
+
+def per_trial(ostudy: optuna.Study, trials: list[optuna.trial.FrozenTrial], name: str,
+              fact: Callable[[optuna.trial.FrozenTrial], Any]) -> list[Any]:
+    """`[fact(t) for t in trials]`; through a worker's cache (optuna_cache.owner_cache) each trial's
+    fact is kept, under `name`, until that trial changes, so a queue reading thousands of trials per
+    trial it starts judges each once."""
+    storage = storage_of(ostudy)
+    changes = getattr(storage, "changes", None)
+    if changes is None:
+        return [fact(t) for t in trials]
+    kept = storage.memo.get(("fact", name))
+    changed = None if kept is None else changes.since(kept[0])
+    values = {} if changed is None else kept[1]
+    for number in changed or ():
+        values.pop(number, None)
+    out = []
+    for t in trials:
+        value = values.get(t.number, _MISSING)
+        if value is _MISSING:
+            value = values[t.number] = fact(t)
+        out.append(value)
+    storage.memo[("fact", name)] = (changes.version, values)
+    return out
 
 
 def current_rows(frame: pd.DataFrame, ostudy: optuna.Study) -> pd.DataFrame:

@@ -80,3 +80,9 @@ def rdb_private_readers() -> tuple[str, ...]:
     lock, slower but correct."""
     names = ("_get_stale_trial_ids", "_get_trials", "_get_best_trial_id")
     return tuple(n for n in names if hasattr(optuna.storages.RDBStorage, n))
+
+
+def study_user_attrs(ostudy: optuna.Study) -> dict[str, Any]:
+    """The study's user attrs as its storage holds them, to read only (`Study.user_attrs` deep-copies them all,
+    the study's space and spec included, on every read)."""
+    return storage_of(ostudy).get_study_user_attrs(_private(ostudy, "_study_id", "reading a study's attributes"))

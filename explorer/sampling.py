@@ -36,7 +36,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, IntD
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
-from explorer.identity import current_trials
+from explorer.identity import current_trials, per_trial
 from explorer.space import Config, SearchSpace
 
 LOG_SCALE = ("heads", "width", "mlp")  # multiplicative dimensions: 8 heads is to 4 as 4 is to 2
@@ -106,6 +106,9 @@ class Encoding:
 
     def key_of(self, trial: FrozenTrial) -> str | None:
         """The configuration key of a trial, queued (fixed params), running or finished."""
+        key = trial.params.get(ARCH)
+        if key is not None and key in self._by_key:  # what `config` finds from its `arch` (every stored trial has one)
+            return key
         cfg = self.config({**trial.system_attrs.get("fixed_params", {}), **trial.params})
         return cfg.key if cfg is not None else None
 
@@ -152,14 +155,10 @@ def encoding_of(space: SearchSpace, study: optuna.Study | None = None) -> Encodi
 def _taken(encoding: Encoding, study: optuna.Study, number: int | None = None) -> set[str]:
     """Keys of configurations no new trial should take: complete, pruned, running, queued, or failed by
     the trial itself (a trial failed by its worker's death is retried: it does not count)."""
-    out = set()
-    for t in current_trials(study):
-        if t.number == number or (t.state == TrialState.FAIL and "fail_reason" not in t.user_attrs):
-            continue
-        key = encoding.key_of(t)
-        if key is not None:
-            out.add(key)
-    return out
+    trials = current_trials(study)
+    keys = per_trial(study, trials, f"taken-{encoding.name}", lambda t: None if t.state == TrialState.FAIL and "fail_reason"
+                     not in t.user_attrs else encoding.key_of(t))
+    return {key for t, key in zip(trials, keys, strict=True) if key is not None and t.number != number}
 
 
 class FeasibleSampler(BaseSampler):

@@ -130,9 +130,9 @@ class Config:
     def dims(self) -> dict[str, Scalar]:
         return dict(self.items)
 
-    @property
+    @cached_property
     def key(self) -> str:
-        """The free dimensions, e.g. `layers=4,heads=2`: the name Optuna samples."""
+        """The free dimensions, e.g. `layers=4,heads=2`: the name Optuna samples (made once: queues read it per trial)."""
         dims = self.dims
         return ",".join(f"{k}={dims[k]}" for k in self.free)
 

@@ -32,14 +32,16 @@ from torch import nn
 from explorer import checkpoints
 from explorer.budget import Budget
 from explorer.checkpoints import CHECKPOINT
-from explorer.conditioning import BlockKappa, attention_condition
+from explorer.conditioning import attention_condition
 from explorer.errors import TrialFailed
 from explorer.faults import OutOfMemory
 from explorer.families import get_family
+from explorer.kappa import BlockKappa
 from explorer.schedule import WSD, Rungs, warmup_cosine
 from explorer.steps import (Compile, Graphed, StepFn, Tally, adamw, autocast, compile_used, model_step, optimizer_tensors,
                             set_tf32)
 from explorer.device_data import Batches
+from explorer.result import TrialResult, precision
 from explorer.tasks import Loader, Task, TaskData
 
 Callback = Callable[[int, dict[str, float]], None]
@@ -50,34 +52,8 @@ _GLOBAL_RNG = threading.Lock()  # held while a trial seeds torch's global RNG an
 NAN_CHECK_EVERY = 50  # on CUDA, steps between the host syncs that look for a non-finite loss
 
 
-@dataclass
-class TrialResult:
-    """What one trial reports: `metric` is the task's metric after the last epoch."""
-
-    metric: float
-    metrics: dict[str, float]
-    curve: list[float]  # the task metric after each epoch
-    kappa_init: list[BlockKappa]  # κ per attention block (name, kind, κ) at initialisation
-    kappa_final: list[BlockKappa]  # and after training
-    params: int
-    steps: int
-    train_time_s: float
-    device: str
-    compile: Compile = "none"  # how its steps ran (explorer.steps.compile_used)
-    tf32: bool = False
-    seed_batch: int = 1  # how many seeds of its configuration trained with it as one model
-    device_name: str = "CPU"  # torch.cuda.get_device_name on CUDA
-    precision: str = "float32"  # what the forward ran in (`precision`)
-    rungs: dict[int, dict[str, float]] = field(default_factory=dict)  # a ladder's lengths: the metrics at each (wsd)
-
-
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def precision(device: str, bf16: bool) -> str:
-    """What a trial's forward runs in on `device`: bfloat16 autocast on CUDA when `bf16`, else float32."""
-    return "bfloat16" if bf16 and device.startswith("cuda") else "float32"
 
 
 def device_name(device: str) -> str:

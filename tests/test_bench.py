@@ -110,3 +110,18 @@ def test_the_script_prints_the_regret_table() -> None:
     rows = {line.split()[0] for line in proc.stdout.splitlines() if line and not line.startswith((" ", "=="))}
     assert {"random-arch", "nsga2", "tpe", "tpe-constraints", "gp", "budget-ei", "pruning:"} <= rows, proc.stdout
     assert "replays in" in proc.stdout and "CPU-min" in proc.stdout
+
+
+@pytest.mark.slow
+def test_cluster_bench_runs_explorer_and_plain_tune_on_a_simulated_cluster() -> None:
+    """bench/cluster.py --quick: 8 fake GPUs on 2 Ray nodes, 2-second stand-in trials through explorer's real Ray
+    executor (SQLite, the decide policy) and through plain Ray Tune + OptunaSearch; nothing trained twice or left
+    running, and its last line (its figures mean little at this size: the README has the full run's)."""
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "cluster.py"), "--quick"], capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert re.fullmatch(r"cluster busy@2s [01]\.\d\d busy@10s nan suggest_ms \d+\.\d tune_busy@2s [01]\.\d\d", lines[-1]), lines[-1]
+    row = next(line for line in lines if "explorer, sqlite" in line)
+    assert "trained twice 0" in row and "left running 0" in row, row
+    assert re.search(r"Ray worker: PSS \d+ MiB", done.stdout)

@@ -17,12 +17,11 @@ from explorer.conditioning import (
     condition_number,
     condition_table,
     geometric_mean,
-    kappa_attrs,
-    space_regime,
     summary,
     sweep,
 )
 from explorer.errors import ExplorerError
+from explorer.kappa import kappa_attrs, space_regime
 from explorer.families import get_family
 from explorer.space import load_space
 from explorer.tasks import get_task

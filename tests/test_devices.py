@@ -24,7 +24,7 @@ import torch
 from conftest import TINY_SPACE, write_study
 
 import explorer
-import explorer.study.evaluate as evaluate_module
+import explorer.train as train_module  # the evaluator imports its run_trial when a trial trains
 from explorer.errors import ExplorerError, TrialFailed
 from explorer.executors import devices
 from explorer.executors.devices import DevicePool, Execution, local_execution
@@ -44,7 +44,7 @@ def fake_gpus(monkeypatch: pytest.MonkeyPatch):
     """`install(n)`: explorer sees n GPUs; a trial given `cuda:i` trains on the CPU and reports `cuda:i`. Returns
     the runs as (device, start, end, dims), in the order they ended; `before(device, dims)` runs first in each."""
     runs: list[tuple] = []
-    real = evaluate_module.run_trial
+    real = train_module.run_trial
 
     def install(n: int, before=None):
         monkeypatch.setattr(devices, "visible_gpus", lambda: ["Fake GPU"] * n)  # torch.cuda itself stays: the CPU training needs it
@@ -59,7 +59,7 @@ def fake_gpus(monkeypatch: pytest.MonkeyPatch):
                 runs.append((device, start, time.monotonic(), dims))
             return dataclasses.replace(result, device=device, device_name="Fake GPU", precision=precision(device, budget.bf16))
 
-        monkeypatch.setattr(evaluate_module, "run_trial", on_cpu)
+        monkeypatch.setattr(train_module, "run_trial", on_cpu)
         return runs
 
     return install
@@ -280,7 +280,7 @@ def test_a_fault_past_max_failures_fails_by_itself_saying_so(tmp_path: Path, mon
     def always(*args, **kwargs):
         raise Fault("NCCL error: unhandled system error")
 
-    monkeypatch.setattr(evaluate_module, "run_trial", always)
+    monkeypatch.setattr(train_module, "run_trial", always)
     path = write_study(tmp_path, {**TINY_SPACE, "free": {"layers": [2], "heads": [1]}}, n_trials=1, executor={"max_failures": 2})
     ostudy = explorer.load(path).run().optuna_study()
     trials = ostudy.get_trials(states=(FAIL,))

@@ -24,12 +24,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import optuna
-import torch
 
 from explorer.errors import ExplorerError
 from explorer.identity import CLASS, classes, current_key, execution_class
 from explorer.study import ExecutorSpec, Study
-from explorer.train import precision
+from explorer.result import precision
 
 
 @dataclass(frozen=True)
@@ -85,6 +84,8 @@ def per_gpu(gpu: float) -> int:
 
 def visible_gpus() -> list[str]:
     """The names of the GPUs torch sees here (those CUDA_VISIBLE_DEVICES leaves), in torch's order."""
+    import torch  # here: a Ray worker that only resolves the cluster's devices, or trains no torch model, never loads it
+
     return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
 
 

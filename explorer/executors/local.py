@@ -19,6 +19,7 @@ process's CUDA context also stops the run, whose next `explorer resume` is the f
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -33,6 +34,7 @@ from explorer.executors import seedgroups
 from explorer.executors.base import EpochCallback, Executor, TrialCallback
 from explorer.executors.devices import DevicePool, Execution, local_execution
 from explorer.faults import Fault
+from explorer.optuna_cache import flush_due, stored_state
 from explorer.optuna_compat import storage_of, trial_storage_id
 from explorer.space import Config
 from explorer.study import STORAGE_ERRORS, Study
@@ -51,15 +53,20 @@ class LocalExecutor(Executor):
         execution = self.settle(study, ostudy)
         interrupts = _Interrupts(in_threads=execution.slots > 1)
         torch.set_num_threads(max(1, int(study.spec.executor.cpu)))  # CPUs per trial, as Ray would allot
-        worker = _Worker(study, ostudy, on_trial, interrupts, DevicePool(execution), on_epoch)
+        own = study.store.own(ostudy)  # this worker's trials read and written through its cache: a transaction per trial's end
+        worker = _Worker(study, own, on_trial, interrupts, DevicePool(execution), on_epoch)
         try:
             with interrupts.installed():
                 if execution.slots == 1:
                     worker.loop()
                 else:
                     worker.in_threads(execution.slots)
+            study.store.disown(own)
         except STORAGE_ERRORS as err:  # locked past the timeout, read-only, full, corrupt: finished trials stay stored
             raise study.store.error(err) from None
+        finally:
+            with contextlib.suppress(*STORAGE_ERRORS):  # what a run stopped by an error kept (its curves), if it can
+                study.store.disown(own)
         if worker.broken:  # no later trial may use this process's CUDA context: the next run is the fresh worker
             raise ExplorerError(f"{worker.broken[0]}; this process's CUDA context is unusable, so the run stops: the trial is "
                                 f"queued again, continue with: explorer resume {study.source}")
@@ -180,9 +187,10 @@ class _Worker:
         def on_epoch(epoch: int, metrics: dict[str, float]) -> None:
             value = metrics[study.task.metric]
             curve.append(value)
-            if storage_of(ostudy).get_trial(trial_id).state != _RUNNING:
+            if stored_state(storage_of(ostudy), trial_id) != _RUNNING:
                 raise TrialReclaimed  # failed as dead by another worker: its retry trains it, from the checkpoint
             trial.set_user_attr("curve", curve)
+            flush_due(storage_of(ostudy))  # a curve kept by this worker's cache is stored a second later at most
             if self.on_epoch is not None:
                 self.on_epoch(ostudy, trial_id, epoch + 1, metrics)
             if interrupts.requested:  # trials in threads stop here (signals reach the main thread only)

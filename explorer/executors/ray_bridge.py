@@ -17,9 +17,11 @@ trial is read from storage by its id, never by copying the study's trials (bench
 
 from __future__ import annotations
 
+import functools
 import json
 import pickle
 import threading
+import time
 from typing import Any
 
 import optuna
@@ -30,10 +32,12 @@ from ray.tune.search import Searcher
 from explorer.executors.base import EpochCallback, TrialCallback
 from explorer.faults import Fault
 from explorer.study import Study
+from explorer.optuna_cache import flush_due, read_again, record_heartbeats, stored_state
 from explorer.optuna_compat import storage_of, trial_storage_id
 from explorer.train import EPOCH_METRICS
 
 _FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
+_BUILT: dict[str, Study] = {}  # the study a worker process rebuilt from a link's data (`_Link.study`)
 
 
 # -- the link to the study ---------------------------------------------------------------------------------
@@ -52,7 +56,7 @@ class _Link:
         self.execution = study.evaluator.execution  # the run's class, stamped on each trial at ask (a restored driver too)
         self.open_trials: dict[int, int] = {}  # Optuna trial number -> storage trial id, while RUNNING here
         self._study: Study | None = study
-        self._ostudy = ostudy
+        self._ostudy = None if ostudy is None else study.store.own(ostudy)
         self.on_trial, self.on_epoch = on_trial, on_epoch
         self._beating: threading.Event | None = None
 
@@ -65,26 +69,38 @@ class _Link:
         self._study = self._ostudy = self.on_trial = self.on_epoch = self._beating = None
 
     def study(self) -> Study:
+        """The study, rebuilt from its data once per process: Tune hands each trial a copy of the link, and a
+        worker that runs many trials (reused actors) builds the study (its space's every configuration) once."""
         if self._study is None:
-            self._study = Study.from_data(self.data)
+            key = json.dumps(self.data, sort_keys=True)
+            if key not in _BUILT:
+                _BUILT.clear()  # one study per worker process at a time
+                _BUILT[key] = Study.from_data(self.data)
+            self._study = _BUILT[key]
             self._study.evaluator.execution = self.execution
         return self._study
 
     def open(self) -> tuple[Study, optuna.Study]:
         study = self.study()
         if self._ostudy is None:
-            self._ostudy = study.open(create=False, force=True)
+            self._ostudy = study.open(create=False, force=True, own_cache=True)
         if self._beating is None:
             self._beating = threading.Event()
             threading.Thread(target=self._heartbeat, args=(self._ostudy, self._beating), daemon=True).start()
         return study, self._ostudy
 
     def _heartbeat(self, ostudy: optuna.Study, stop: threading.Event) -> None:
+        """Beat for every open trial, in one write, and store what their epochs reported since the last beat
+        (their curves: the driver's cache keeps a running trial's writes until then)."""
         storage = storage_of(ostudy)  # Optuna's own heartbeat thread records on the study's storage too
         interval = storage.get_heartbeat_interval() if hasattr(storage, "get_heartbeat_interval") else None
         while interval and not stop.is_set():
-            for trial_id in list(self.open_trials.values()):
-                storage.record_heartbeat(trial_id)
+            try:
+                getattr(storage, "beat", functools.partial(record_heartbeats, storage))(list(self.open_trials.values()))
+                if hasattr(storage, "flush"):
+                    storage.flush()
+            except Exception:  # noqa: BLE001  locked, briefly unreachable, or a trial ended meanwhile: the next beat retries
+                pass
             stop.wait(interval)
 
     def tell(self, number: int, **kwargs: Any) -> None:
@@ -108,13 +124,14 @@ class _Link:
         stopped = False
         if self._ostudy is not None:
             for number, trial_id in list(self.open_trials.items()):
-                trial = storage_of(self._ostudy).get_trial(trial_id)
+                trial = read_again(storage_of(self._ostudy), trial_id)
                 if trial.state not in _FINISHED:
                     stopped = True
                     storage_of(self._ostudy).set_trial_user_attr(
                         trial_id, "interrupted", "the Ray run was interrupted (Ctrl-C) while it ran; its configuration is queued again")
                     self.tell(number, state=optuna.trial.TrialState.FAIL)
             self.study().queue.requeue_dead(self._ostudy)
+            self.study().store.disown(self._ostudy)
         self.open_trials.clear()
         if self._beating is not None:
             self._beating.set()
@@ -142,7 +159,11 @@ class OptunaBridge(Searcher):
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec: Any) -> bool:
         return True  # the space is the study's; nothing to take from Tune
 
+    quiet_until = 0.0  # no claim is tried again before then, unless a trial ends: Tune asks on every turn of its loop
+
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+        if time.monotonic() < self.quiet_until:
+            return None
         study, ostudy = self.link.open()
         for number, run in list(self.held.items()):
             if run not in self.running.values():
@@ -150,18 +171,21 @@ class OptunaBridge(Searcher):
                 if not self._answer_from_storage(number, run[0]):
                     return self._launch(trial_id, number, run[0])
         while True:
-            study.queue.replicates(ostudy)
-            claimed = None if study.reads.too_many_failures(ostudy) else study.queue.claim(ostudy)  # under the study's lock
-            if claimed is None:
-                # open trials may still lead to replicates (an adaptive round starts when they end) or retries
-                return None if self.held or self.link.open_trials else Searcher.FINISHED
-            trial, cfg = claimed
-            self.link.open_trials[trial.number] = trial_storage_id(trial)
-            key = cfg.key
-            if (key, study.seed_of(trial)) in self.running.values():
-                self.held[trial.number] = (key, study.seed_of(trial))
-            elif not self._answer_from_storage(trial.number, key):
-                return self._launch(trial_id, trial.number, key)
+            with study.store.lock():  # one hold: one read of the storage, one write of what the claim and launch wrote
+                study.queue.replicates(ostudy)
+                claimed = None if study.reads.too_many_failures(ostudy) else study.queue.claim(ostudy)
+                if claimed is None:
+                    # open trials may still lead to replicates (an adaptive round starts when they end) or retries;
+                    # another worker's queued trials are seen within half a second
+                    self.quiet_until = time.monotonic() + 0.5
+                    return None if self.held or self.link.open_trials else Searcher.FINISHED
+                trial, cfg = claimed
+                self.link.open_trials[trial.number] = trial_storage_id(trial)
+                key = cfg.key
+                if (key, study.seed_of(trial)) in self.running.values():
+                    self.held[trial.number] = (key, study.seed_of(trial))
+                elif not self._answer_from_storage(trial.number, key):
+                    return self._launch(trial_id, trial.number, key)
 
     def _answer_from_storage(self, number: int, key: str) -> bool:
         """A configuration that already completed is not trained again (`Study.answer_from_storage`, as `local`)."""
@@ -195,13 +219,14 @@ class OptunaBridge(Searcher):
         self._record_epoch(trial_id, result)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        self.quiet_until = 0.0  # its end may let a trial start: a replicate round, a held twin
         number = self.ray_ids.pop(trial_id, None)
         self.running.pop(trial_id, None)
         if number is None:
             return
         study, ostudy = self.link.open()
         storage_id = self.link.open_trials.get(number)
-        if storage_id is None or storage_of(ostudy).get_trial(storage_id).state in _FINISHED:  # reclaimed meanwhile
+        if storage_id is None or stored_state(storage_of(ostudy), storage_id) in _FINISHED:  # reclaimed meanwhile
             self.link.open_trials.pop(number, None)
             return
         trial = optuna.Trial(ostudy, storage_id)
@@ -239,6 +264,7 @@ class OptunaBridge(Searcher):
         del curve[result["epoch"] - 1:]  # a trial resumed from an older checkpoint repeats epochs
         curve.append(float(result[metric]))
         optuna.Trial(ostudy, self.link.open_trials[number]).set_user_attr("curve", curve)
+        flush_due(storage_of(ostudy))  # the driver's cache keeps it: `status` and dashboards see curves a second behind at most
         if self.link.on_epoch is not None:
             metrics = {k: float(result[k]) for k in EPOCH_METRICS if isinstance(result.get(k), (int, float))}
             self.link.on_epoch(ostudy, self.link.open_trials[number], int(result["epoch"]), metrics)

@@ -36,7 +36,6 @@ from typing import Any
 
 import optuna
 import ray
-import torch
 from ray import tune
 from ray.tune.execution.placement_groups import PlacementGroupFactory
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
@@ -207,6 +206,8 @@ def trial_device(gpu_ids: Sequence[Any]) -> str:
     retried on another."""
     if not gpu_ids:
         return "cpu"
+    import torch  # here: a trial of a task that trains itself (bench/standin.py) never loads it
+
     if not torch.cuda.is_available():
         raise Fault(f"Ray assigned GPU {', '.join(map(str, gpu_ids))} on node {ray.util.get_node_ip_address()}, but torch "
                     f"there sees no CUDA device (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')!r}, "
@@ -233,7 +234,10 @@ def train_trial(config: dict[str, Any], link: _Link) -> None:
     cfg = study.configs[config["arch"]]
     assigned = ray.get_runtime_context().get_assigned_resources()
     cpus, shared = assigned.get("CPU", 1), 0 < assigned.get("GPU", 0) < 1  # a GPU share: its neighbours' memory too
-    torch.set_num_threads(max(1, int(cpus)))  # Ray sets OMP_NUM_THREADS=1; use what the trial was given
+    if not study.task.trains_itself:
+        import torch
+
+        torch.set_num_threads(max(1, int(cpus)))  # Ray sets OMP_NUM_THREADS=1; use what the trial was given
     lineage = config.get("lineage", config["optuna_number"])
     scratch = Path(tune.get_context().get_trial_dir()) / "explorer-trial"  # not the trial dir itself: it is the cwd
     folder = scratch / "checkpoint"
@@ -252,7 +256,8 @@ def train_trial(config: dict[str, Any], link: _Link) -> None:
         tune.report({**metrics, "epoch": epoch + 1, "node": node}, checkpoint=tune.Checkpoint.from_directory(str(folder)) if new else None)
 
     try:
-        attrs = study.evaluator.evaluate(cfg, lineage, on_epoch, trial_device(ray.get_gpu_ids()), checkpoint_dir=folder,
+        device = trial_device(ray.get_gpu_ids()) if not study.task.trains_itself else "cuda:0" if ray.get_gpu_ids() else "cpu"
+        attrs = study.evaluator.evaluate(cfg, lineage, on_epoch, device, checkpoint_dir=folder,
                                          seed=config.get("seed"), shared=shared and not config.get("alone"),
                                          epochs=config.get("epochs"))
     except TrialFailed as err:  # a result, not a Ray error: Ray would retry it max_failures times

@@ -5,7 +5,8 @@ learning curve live there, so a study resumes, exports and renders from it at an
 module, in the order a study flows:
 
 - `spec.py`: what a study is: the YAML models, the spec resolved against its files (`ResolvedStudy`), its identity.
-- `storage.py`: the storage: open, identity check, heartbeat repair, one-line errors.
+- `storage.py`: the storage: open, heartbeat repair, one-line errors.
+- `stamp.py`: what the stored study was made with: recorded by its first worker, checked by the others.
 - `sqlite.py`: SQLite for several workers (the write lock taken at BEGIN, for writes only).
 - `lock.py`: the study's lock across threads, processes and hosts, under which the queue decides.
 - `liveness.py`: which RUNNING trials still have a live worker (heartbeats on the storage's clock).

@@ -9,29 +9,31 @@ next (queue.py).
 
 from __future__ import annotations
 
+import importlib.metadata
+import sys
 import threading
 import time
 from collections.abc import Callable
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import optuna
-import torch
 
 from explorer import checkpoints
-from explorer.conditioning import kappa_attrs, space_regime
 from explorer.errors import ExplorerError, TrialFailed, TrialReclaimed
 from explorer.faults import Fault, classify
 from explorer.identity import CLASS, current_key, execution_class, is_current
+from explorer.kappa import kappa_attrs, space_regime
+from explorer.result import TrialResult
 from explorer.space import Config
-from explorer.seedbatch import NotBatchable, run_seeds
 from explorer.study.read import Reads, peers
 from explorer.optuna_compat import storage_of, trial_storage_id
-from explorer.train import TrialResult, run_trial
 from explorer.watchdog import time_limit
 
 if TYPE_CHECKING:
     from explorer.study.spec import ResolvedStudy
+    from explorer.tasks import Task
 
 
 class Evaluator:
@@ -40,6 +42,12 @@ class Evaluator:
         self.reads = reads
         self._sampling = threading.Lock()  # trials in threads sample one at a time, each seeing the other's proposal
         self.execution: str | None = None  # the class this run trains under (explorer.executors.devices.settle_class)
+
+    @cached_property
+    def regime(self) -> str:
+        """How the study's space compares heads (explorer.kappa.space_regime: a pass over every configuration,
+        made once, not per trial)."""
+        return space_regime(self.study.space)
 
     def suggest(self, trial: optuna.Trial) -> Config:
         """The trial's configuration as the sampler proposed it: always feasible (explorer.sampling).
@@ -69,7 +77,7 @@ class Evaluator:
             "flops": self.study.space.family.flops(dims),
             "seed": seed,
             **result.metrics,
-            **kappa_attrs(result.kappa_init, result.kappa_final, space_regime(self.study.space)),
+            **kappa_attrs(result.kappa_init, result.kappa_final, self.regime),
             "train_time_s": result.train_time_s,
             "steps": result.steps,
             "device": result.device,
@@ -78,7 +86,7 @@ class Evaluator:
             "seed_batch": result.seed_batch,
             "device_name": result.device_name,
             "precision": result.precision,
-            "torch": torch.__version__,
+            "torch": torch_version(),
             CLASS: execution_class(result.device, result.precision),
             **ladder,
         }
@@ -108,8 +116,8 @@ class Evaluator:
         start = time.perf_counter()
         try:
             with time_limit(study.spec.trial_timeout_s):
-                result = run_trial(cfg.family, cfg.dims, study.task, budget, callback=on_epoch, checkpoint_dir=ckpt,
-                                   device=device, checkpoint_every_s=study.spec.executor.checkpoint_every_s)
+                result = trainer(study.task)(cfg.family, cfg.dims, study.task, budget, callback=on_epoch, checkpoint_dir=ckpt,
+                                             device=device, checkpoint_every_s=study.spec.executor.checkpoint_every_s)
         except (KeyboardInterrupt, TrialReclaimed):  # kept: the resumed trial (or the retry) continues from its checkpoint
             raise
         except (optuna.TrialPruned, ExplorerError, SystemExit):
@@ -134,7 +142,11 @@ class Evaluator:
         stop them all, and any other error fails each seed with its reason. No checkpoints: a group that
         dies trains again. `trial_timeout_s` bounds the group at that many seconds per seed.
         """
+        from explorer.seedbatch import NotBatchable, run_seeds
+
         study = self.study
+        if study.task.trains_itself:
+            raise NotBatchable(f"task {study.task.name} trains each seed its own way")
         start = time.perf_counter()
         limit = None if study.spec.trial_timeout_s is None else study.spec.trial_timeout_s * len(seeds)
         try:
@@ -202,3 +214,19 @@ class Evaluator:
         key, length = current_key(ostudy), study.length_of(trials[number])
         current = [t for t in trials if is_current(t, key) and study.length_of(t) == length]  # curves of one length
         return study.pruner.should_prune(epoch, value, cfg.params, peers(current, number), cfg.key)
+
+
+def trainer(task: Task) -> Callable[..., TrialResult]:
+    """What trains a trial: explorer.train.run_trial (imported here: it brings torch), or the task's own
+    `run_trial` for a task that trains itself (bench/standin.py's stand-in, which needs no torch)."""
+    if task.trains_itself:
+        return lambda family, dims, _task, budget, **kwargs: task.run_trial(family, dims, budget, **kwargs)
+    from explorer.train import run_trial
+
+    return run_trial
+
+
+def torch_version() -> str:
+    """The torch a trial ran with: the imported one's, else the installed one's (a trial that trained without it)."""
+    torch = sys.modules.get("torch")
+    return torch.__version__ if torch is not None else importlib.metadata.version("torch")

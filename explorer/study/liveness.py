@@ -6,9 +6,10 @@
 - A trial whose worker died before its first heartbeat has no row, and Optuna never fails it. An
   observer fails it once it has seen it RUNNING without a heartbeat for the whole grace period, on its
   own monotonic clock (no start time written by another machine's clock is read).
-- Journal files: Optuna keeps no heartbeats there. explorer records one as a trial system attr whose
-  value changes at every beat, and an observer fails a trial whose beat it has seen unchanged for the
-  grace period, again on its own monotonic clock (values are compared only for equality).
+- Journal files and Optuna's gRPC storage proxy: Optuna keeps no heartbeats there. explorer records one
+  as a trial system attr whose value changes at every beat, and an observer fails a trial whose beat it
+  has seen unchanged for the grace period, again on its own monotonic clock (values are compared only
+  for equality).
 
 A worker beats from a thread of its own (`Heartbeat`) that outlives a busy storage: a beat that fails
 is retried at the next, since a heartbeat thread that died would get its live trial reclaimed.
@@ -83,8 +84,8 @@ def beating(ostudy: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
 
 
 def _beat(storage: Any, trial_id: int) -> None:
-    try:
-        storage.record_heartbeat(trial_id)
+    try:  # a cache of this process's trials beats in turn with its other writes (optuna_cache.owner_cache)
+        getattr(storage, "beat", lambda ids: storage.record_heartbeat(ids[0]))([trial_id])
     except Exception:  # noqa: BLE001  locked, briefly unreachable, or the trial finished meanwhile: the next beat retries
         pass
 
@@ -121,16 +122,31 @@ def _fail_unbeaten(ostudy: optuna.Study, observed: Observed) -> None:
 def journal_storage(path: str, interval: int, grace: float) -> optuna.storages.BaseStorage:
     """Optuna's journal file storage, with heartbeats (`fail_stale_trials` and `beating` use them)."""
     backend = optuna.storages.journal.JournalFileBackend(path)
-    return _journal_class()(backend, interval, grace)
+    return _beats_class(optuna.storages.JournalStorage)(interval, grace, backend)
+
+
+def grpc_storage(url: str, interval: int, grace: float, timeout_s: float) -> optuna.storages.BaseStorage:
+    """A client of Optuna's gRPC storage proxy at `grpc://host:port`, with heartbeats (as the journal's: the
+    proxy forwards none), its errors as Optuna's StorageInternalError; ready within `timeout_s` or an error."""
+    host, _, port = url.removeprefix("grpc://").rstrip("/").rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"{url}: write grpc://HOST:PORT")
+    storage = _grpc_class()(interval, grace, host=host, port=int(port))
+    try:
+        storage.wait_server_ready(timeout=timeout_s)
+    except Exception:  # grpc.FutureTimeoutError: nothing answers there
+        raise ConnectionError(f"no gRPC storage proxy answered at {host}:{port} within {timeout_s:g} s") from None
+    return storage
 
 
 @functools.cache
-def _journal_class() -> type:
-    class _JournalBeats(optuna.storages.JournalStorage, heartbeat_base()):
-        """A journal storage that implements Optuna's heartbeat interface through a trial system attr."""
+def _beats_class(base: type) -> type:
+    class _Beats(base, heartbeat_base()):
+        """A storage that implements Optuna's heartbeat interface through a trial system attr (the journal's
+        and the gRPC proxy's have none)."""
 
-        def __init__(self, backend: Any, interval: int, grace: float) -> None:
-            super().__init__(backend)
+        def __init__(self, interval: int, grace: float, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
             self._interval, self._grace, self._observed = interval, grace, Observed()
 
         def record_heartbeat(self, trial_id: int) -> None:
@@ -147,4 +163,23 @@ def _journal_class() -> type:
         def get_heartbeat_stale_trial_callback(self) -> None:
             return None  # the queue queues dead workers' trials again, under the study's lock
 
-    return _JournalBeats
+    _Beats.__name__ = _Beats.__qualname__ = f"{base.__name__}WithBeats"
+    return _Beats
+
+
+@functools.cache
+def _grpc_class() -> type:
+    import grpc
+
+    def translated(method: Any) -> Any:
+        @functools.wraps(method)
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, *args, **kwargs)
+            except grpc.RpcError as err:  # the proxy's answer: a status code and its details (unreachable, its storage's error)
+                raise optuna.exceptions.StorageInternalError(f"gRPC {err.code().name}: {err.details()}") from err
+        return call
+
+    base = _beats_class(optuna.storages.GrpcStorageProxy)
+    names = [n for n, v in vars(optuna.storages.BaseStorage).items() if callable(v) and not n.startswith("__")]
+    return type("GrpcStorage", (base,), {n: translated(getattr(base, n)) for n in names if hasattr(base, n)})

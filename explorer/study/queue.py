@@ -21,7 +21,7 @@ import optuna
 
 from explorer import checkpoints
 from explorer.frame import trials_frame
-from explorer.identity import current_rows, current_trials
+from explorer.identity import current_rows, current_trials, per_trial
 from explorer.optuna_compat import storage_of, trial_storage_id
 from explorer.posterior import split_row
 from explorer.pruning import come_back
@@ -73,7 +73,7 @@ class Queue:
             trials = current_trials(ostudy)
             slots = self.to_measure(ostudy, trials) - sum(t.state == _RUNNING and not runs_regardless(t) for t in trials)
             waiting = sorted((t for t in trials if t.state == _WAITING), key=lambda t: t.number)
-            done = {run(self.study, t) for t in trials if t.state == _COMPLETE and "duplicate_of" not in t.user_attrs}
+            done = self.reads.completed(ostudy).keys()
             free = {t.number for t in waiting if runs_regardless(t) or run(self.study, t) in done}
             admitted = {t.number for t in [t for t in waiting if t.number not in free][:max(0, slots)]}
             eligible = [t for t in waiting if t.number in free or t.number in admitted]
@@ -120,9 +120,12 @@ class Queue:
         `executor.max_failures` fails by itself: explorer.faults).
         """
         with self.store.lock():
+            trials = current_trials(ostudy)
+            if not any(t.state == _FAIL and "fail_reason" not in t.user_attrs for t in trials):
+                return []  # nothing ended without a result (the common case: read once, cheaply)
             dead: dict[tuple[str, int, int], list[optuna.trial.FrozenTrial]] = {}
             alive: set[tuple[str, int, int]] = set()
-            for t in current_trials(ostudy):
+            for t in trials:
                 pair = run(self.study, t)
                 if t.state == _FAIL and "fail_reason" not in t.user_attrs:
                     dead.setdefault(pair, []).append(t)
@@ -235,9 +238,17 @@ class Queue:
 
     def to_measure(self, ostudy: optuna.Study, trials: list[optuna.trial.FrozenTrial]) -> int:
         """Configurations still to measure before `n_trials` is reached (0 once the sampler stalled)."""
-        counted = [t for t in trials if counts(t)]
-        unmeasured = len(self.study.configs.keys() - {t.params.get("arch") for t in counted})
+        counted = [key for key in per_trial(ostudy, trials, "counted", _counted) if key is not _UNCOUNTED]
+        unmeasured = len(self.study.configs.keys() - set(counted))
         return 0 if self.stalled(ostudy) else min(max(0, self.study.spec.n_trials - len(counted)), unmeasured)
+
+
+_UNCOUNTED = object()
+
+
+def _counted(t: optuna.trial.FrozenTrial) -> Any:
+    """The configuration a trial counts towards `n_trials` (explorer.study.read.counts), or _UNCOUNTED."""
+    return t.params.get("arch") if counts(t) else _UNCOUNTED
 
 
 def enqueue(study: ResolvedStudy, ostudy: optuna.Study, params: dict[str, Any], **attrs: Any) -> None:

@@ -15,7 +15,7 @@ import pandas as pd
 
 from explorer.decisions import Answer, answer, distinct
 from explorer.frame import trials_frame
-from explorer.identity import classes, current_key, current_rows, current_trials
+from explorer.identity import classes, current_key, current_rows, current_trials, per_trial
 from explorer.pruning import Peer
 from explorer.stats import summarize
 
@@ -110,10 +110,14 @@ class Reads:
     def completed(self, ostudy: optuna.Study) -> dict[tuple[str, int, int], optuna.trial.FrozenTrial]:
         """The first completed measurement of each run (configuration, seed, length)."""
         out: dict[tuple[str, int, int], optuna.trial.FrozenTrial] = {}
-        for t in current_trials(ostudy, states=(_COMPLETE,)):
-            if "duplicate_of" not in t.user_attrs:
-                out.setdefault((t.params.get("arch"), self.study.seed_of(t), self.study.length_of(t)), t)
+        trials = [t for t in current_trials(ostudy, states=(_COMPLETE,)) if "duplicate_of" not in t.user_attrs]
+        for t, key in zip(trials, per_trial(ostudy, trials, "run", self.run), strict=True):
+            out.setdefault(key, t)
         return out
+
+    def run(self, t: optuna.trial.FrozenTrial) -> tuple[str, int, int]:
+        """A stored trial's run: (configuration, seed, length)."""
+        return t.params.get("arch"), self.study.seed_of(t), self.study.length_of(t)
 
     def summary(self, ostudy: optuna.Study, draws: int | None = None, epochs: int | None = None) -> pd.DataFrame:
         """Per-configuration statistics of the stored measurements (explorer.stats.summarize), with the

@@ -40,9 +40,9 @@ class Study(ResolvedStudy):
 
         return Evaluator(self, self.reads)
 
-    def open(self, *, create: bool = True, force: bool = False) -> optuna.Study:
+    def open(self, *, create: bool = True, force: bool = False, own_cache: bool = False) -> optuna.Study:
         """The Optuna study, to run it (`Store.open`)."""
-        return self.store.open(create=create, force=force)
+        return self.store.open(create=create, force=force, own_cache=own_cache)
 
     def read(self) -> optuna.Study:
         """The stored Optuna study, to read only (`Store.read`)."""

@@ -267,7 +267,11 @@ class ResolvedStudy:
 
     def seed_of(self, trial: optuna.Trial | optuna.trial.FrozenTrial) -> int:
         """The seed a trial trains with: a queued replicate's own, else the first (every configuration starts there)."""
-        return int(trial.user_attrs.get("seed", self.seeds[0]))
+        return int(trial.user_attrs.get("seed", self._first_seed))
+
+    @cached_property
+    def _first_seed(self) -> int:
+        return self.seeds[0]
 
     @property
     def target_epochs(self) -> int:

@@ -1,5 +1,5 @@
 """The storage of a study: open it (SQLite by default, any Optuna storage URL), record and check its
-identity, its lock (lock.py), fail what dead workers left RUNNING (liveness.py), and say what went
+identity (stamp.py), its lock (lock.py), fail what dead workers left RUNNING (liveness.py), and say what went
 wrong in one line. It does not decide what runs (queue.py).
 """
 
@@ -18,8 +18,10 @@ import sqlalchemy
 import sqlalchemy.exc
 
 from explorer.errors import ExplorerError
-from explorer.identity import identity_key
-from explorer.study.liveness import Observed, fail_dead, journal_storage
+from explorer.optuna_cache import owner_cache
+from explorer.optuna_compat import storage_of
+from explorer.study import stamp
+from explorer.study.liveness import Observed, fail_dead, grpc_storage, journal_storage
 from explorer.study.lock import StudyLock
 from explorer.study.sqlite import SQLiteStorage
 
@@ -44,7 +46,7 @@ class Store:
         """The study's lock across threads and processes (explorer.study.lock): queue decisions take it."""
         spec = self.study.spec
         return StudyLock(self.file() if not self.url.startswith("sqlite:///:memory:") else None, self.url, spec.name,
-                         spec.storage_timeout_s)
+                         spec.storage_timeout_s, spec.heartbeat_s)
 
     @property
     def url(self) -> str:
@@ -73,7 +75,8 @@ class Store:
         return str(file) if file else shown(self.url)
 
     def storage(self, *, create: bool = False) -> optuna.storages.BaseStorage:
-        """The Optuna storage, with heartbeats: RDB (SQLite default), or `journal:PATH` for a journal file.
+        """The Optuna storage, with heartbeats: RDB (SQLite default), `journal:PATH` for a journal file, or
+        `grpc://HOST:PORT` for Optuna's gRPC storage proxy.
 
         `create` takes the study's lock around Optuna's check-then-create of the tables, so workers
         opening a new database at once create them once (readers never take it: they write nothing).
@@ -83,6 +86,8 @@ class Store:
         try:
             if url.startswith("journal:"):
                 return journal_storage(str(self.file()), spec.heartbeat_s, grace)
+            if url.startswith("grpc://"):  # Optuna's gRPC storage proxy (pip install 'explorer[grpc]'), for very many workers
+                return grpc_storage(url, spec.heartbeat_s, grace, min(spec.storage_timeout_s, 10.0))
             sqlite = url.startswith("sqlite")
             for attempt in range(5):
                 try:  # heartbeats are "experimental" in Optuna since 2.8: say nothing about it on every open
@@ -108,13 +113,18 @@ class Store:
         while err.__cause__ is not None:  # Optuna wraps the driver's error: report the driver's words
             err = err.__cause__
         text = str(getattr(err, "orig", None) or err).strip().splitlines()
-        hint = ("; install the driver (postgresql:// uses psycopg 3: pip install 'explorer[postgres]')"
-                if isinstance(err, ModuleNotFoundError) else "")  # the URL names a database driver not installed
+        hint = ""  # the URL names a driver not installed
+        if isinstance(err, ModuleNotFoundError):
+            hint = ("; install grpcio: pip install 'explorer[grpc]'" if (err.name or "").startswith("grpc") else
+                    "; install the driver (postgresql:// uses psycopg 3: pip install 'explorer[postgres]')")
         return ExplorerError(f"{what} storage {shown(self.url)!r}: {text[0] if text else type(err).__name__}{hint}",
                              source=str(self.study.source), field="storage")
 
-    def open(self, *, create: bool = True, force: bool = False) -> optuna.Study:
+    def open(self, *, create: bool = True, force: bool = False, own_cache: bool = False) -> optuna.Study:
         """Create the Optuna study or load the existing one, to run it; several workers may open it at once.
+
+        `own_cache` reads it through a cache that holds the trials this process runs (optuna_cache.owner_cache:
+        the Ray driver's, whose trials all run through its one process).
 
         An existing study whose space, task or objectives differ is refused unless `force`: its stored
         trials would silently mix two questions. A grid study queues every feasible configuration as a
@@ -122,6 +132,7 @@ class Store:
         """
         study = self.study
         storage = self.existing() if not create else self.storage(create=True)
+        storage = self._owned(owner_cache(storage)) if own_cache else storage
         directions = [o.direction for o in study.objectives]
         kwargs = dict(study_name=study.spec.name, storage=storage, sampler=study.sampler())
         try:
@@ -134,12 +145,32 @@ class Store:
                 else:
                     ostudy = optuna.load_study(**kwargs)
                 ostudy.sampler = study.sampler(ostudy)  # over the stored study's encoding
-                self._check_identity(ostudy, force)
+                stamp.record_or_check(self.study, ostudy, force, self.grid, self.shown_location())
         except KeyError:
             raise ExplorerError(f"no study {study.spec.name!r} in {self.url}", source=str(study.source)) from None
         except STORAGE_ERRORS as err:
             raise self.error(err, "cannot open") from None
         return ostudy
+
+    def own(self, ostudy: optuna.Study) -> optuna.Study:
+        """`ostudy` read and written through a cache of the trials this process runs (optuna_cache.owner_cache,
+        RDB storages), which the study's lock keeps in step with the storage; `disown` stores what it kept."""
+        storage = owner_cache(storage_of(ostudy))
+        if storage is storage_of(ostudy):
+            return ostudy
+        return optuna.load_study(study_name=ostudy.study_name, storage=self._owned(storage), sampler=ostudy.sampler)
+
+    def _owned(self, storage: optuna.storages.BaseStorage) -> optuna.storages.BaseStorage:
+        if hasattr(storage, "flush"):
+            self.lock.caches.append(storage)  # decisions under the lock read the storage anew and are stored at its release
+        return storage
+
+    def disown(self, ostudy: optuna.Study) -> None:
+        """Store what `own`'s cache kept (running trials' curves), and let the lock forget it."""
+        storage = storage_of(ostudy)
+        if storage in self.lock.caches:
+            self.lock.caches.remove(storage)
+            storage.flush()
 
     def read(self) -> optuna.Study:
         """The stored study, to read: nothing is written (no identity, no queue, no file).
@@ -164,51 +195,8 @@ class Store:
         return self.storage()
 
     def changed(self, ostudy: optuna.Study) -> str | None:
-        """One line saying how this YAML differs from what the stored study was made with, or None; a study
-        another YAML (still there) made under the same `name:` in this storage is said to be that."""
-        stored = ostudy.user_attrs.get("identity")
-        identity = self.study.identity()
-        if stored is None or stored == identity:
-            return None
-        fields = ", ".join(sorted(k for k in identity if identity[k] != stored.get(k)))
-        maker = ostudy.user_attrs.get("source")
-        if maker and Path(maker) != self.study.source.resolve() and Path(maker).is_file():
-            return (f"{self.shown_location()} already holds a study named {self.study.spec.name!r}, made from {maker} "
-                    f"(another {fields}): give this YAML its own `name:` or `storage:`; rerun with --force to continue it anyway")
-        return f"the stored study was made with another {fields}; rerun with --force to continue it anyway"
-
-    def _check_identity(self, ostudy: optuna.Study, force: bool) -> None:
-        """Record what the study answers (whoever finds it unrecorded: its creator, or the next worker if
-        the creator died first) or check it matches; under the study's lock."""
-        study = self.study
-        identity = study.identity()
-        stored = ostudy.user_attrs.get("identity")
-        if stored is None:
-            if [d.name.lower() for d in ostudy.directions] != [o.direction for o in study.objectives]:
-                raise ExplorerError("the stored study has other objectives", source=str(study.source), field="objectives")
-            self.grid(ostudy)
-            ostudy.set_metric_names([o.name for o in study.objectives])  # optuna-dashboard and optuna.visualization label them
-            for key, value in {**identity, "encoding": study.encoding().name, "spec": study.spec.model_dump(mode="json"),
-                               "source": str(study.source.resolve()),  # which YAML made it (`changed` names it)
-                               "space": study.space.to_dict(),
-                               "baseline": study.space.baseline.key if study.space.baseline else None,
-                               "metric": study.task.metric, "higher_is_better": study.task.higher_is_better,
-                               "objectives": [o.model_dump() for o in study.objectives]}.items():
-                ostudy.set_user_attr(key, value)
-            ostudy.set_user_attr("identity", identity)
-            return
-        changed = self.changed(ostudy)
-        if changed:
-            if not force:
-                raise ExplorerError(changed, source=str(study.source))
-            if "legacy_identity" not in ostudy.user_attrs and any(
-                    "identity" not in t.user_attrs and t.state.is_finished() for t in ostudy.get_trials(deepcopy=False)):
-                # trials stored before trials recorded their identity answered the question asked until now
-                ostudy.set_user_attr("legacy_identity", identity_key(stored))
-            ostudy.set_user_attr("identity", identity)
-            ostudy.set_user_attr("source", str(study.source.resolve()))
-            ostudy.set_metric_names([o.name for o in study.objectives])
-            self.grid(ostudy)  # a forced new space: queue its configurations no trial has taken
+        """One line saying how this YAML differs from what the stored study was made with, or None (stamp.py)."""
+        return stamp.changed(self.study, ostudy, self.shown_location())
 
     def repair(self, ostudy: optuna.Study) -> None:
         """Fail the RUNNING trials of dead workers (explorer.study.liveness); the queue queues them again."""

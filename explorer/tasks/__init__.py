@@ -23,6 +23,11 @@ from explorer.errors import ExplorerError
 from explorer.yamlio import validation_error
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
+    from explorer.budget import Budget
+    from explorer.result import TrialResult
     from explorer.tasks._data import TaskData
 
 Modality = Literal["image", "sequence", "lm"]
@@ -42,6 +47,7 @@ class Task(ABC):
     metric: ClassVar[str]  # "accuracy" (classification) | "eval_loss" (language modelling)
     higher_is_better: ClassVar[bool]
     Options: ClassVar[type[BaseModel]]
+    trains_itself: ClassVar[bool] = False  # trials train with the task's own `run_trial`, not explorer.train's
 
     def __init__(self, options: BaseModel, source: str | None = None):
         self.options = options
@@ -62,6 +68,13 @@ class Task(ABC):
     @abstractmethod
     def load(self, batch_size: int, seed: int) -> TaskData:
         """Train/eval loaders; the same `seed` gives the same batches in the same order."""
+
+    def run_trial(self, family: str, dims: dict[str, Any], budget: Budget, *, callback: Callable[[int, dict[str, float]], None] | None,
+                  checkpoint_dir: Path | None, device: str | None, checkpoint_every_s: float) -> TrialResult:
+        """One trial the task's own way, where `trains_itself` (explorer.train.run_trial's arguments and
+        result; it reports each epoch to `callback` and resumes from `checkpoint_dir`): a stand-in that
+        needs no torch (bench/standin.py: the simulated cluster of bench/cluster.py), or a model outside torch."""
+        raise NotImplementedError(f"task {self.name} trains with explorer.train (trains_itself is False)")
 
 
 def register(task_cls: type[Task]) -> type[Task]:

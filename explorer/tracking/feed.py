@@ -23,7 +23,7 @@ import optuna
 
 from explorer.errors import one_line
 from explorer.optuna_compat import storage_of
-from explorer.tracking.base import End, Run, Summary, Tracker, TrackerDown, finite, warn
+from explorer.tracking.base import End, Run, Tracker, TrackerDown, finite, warn
 from explorer.tracking.summary import summary_of
 
 if TYPE_CHECKING:

@@ -1,0 +1,182 @@
+"""The Ray driver's cache of its storage (explorer.optuna_cache, issue 34): the searcher driven as Tune drives
+it, without a Ray cluster, through the cache and through Optuna's plain storage, asks and tells the same
+trials with the same results; what it keeps for a running trial reaches the storage when the study's lock
+is released, with the trial's end, or with the heartbeat; another worker's changes show at the next lock;
+a trial another worker failed as dead is not written over; a driver that dies is resumed with nothing
+trained twice. On SQLite, and on PostgreSQL where a server can be started (as tests/test_postgres.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from conftest import TINY_SPACE, write_study
+
+ray = pytest.importorskip("ray")
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # bench.standin: the stand-in task
+
+from explorer.executors.ray_bridge import OptunaBridge, _Link  # noqa: E402
+from explorer.optuna_compat import storage_of  # noqa: E402
+from explorer.study import load_study_spec  # noqa: E402
+from explorer.study import storage as storage_module  # noqa: E402
+
+COMPLETE, RUNNING, FAIL = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.FAIL
+SPACE = {**TINY_SPACE, "fixed": {**TINY_SPACE["fixed"], "width": 32, "mlp": 64}, "free": {"layers": [1, 2, 3], "heads": "divisors"}}
+STANDIN = {"name": "bench.standin:StandIn", "seconds": 0}
+# what differs between two runs of the same trials: who ran them, when, and how long they took
+VARIES = {"worker", "queued_by", "trial_time_s", "train_time_s"}
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def storage(request: pytest.FixtureRequest) -> Callable[[], str | None]:
+    """A new storage for each study: None (the study's SQLite file beside it), or a new PostgreSQL database."""
+    if request.param == "sqlite":
+        return lambda: None
+    return request.getfixturevalue("server").database
+
+
+def study_at(folder: Path, storage: Callable[[], str | None], **overrides: Any) -> Path:
+    doc = {"task": STANDIN, "budget": {"epochs": 2, "seeds": 2}, "replicates": {"policy": "decide"},
+           "sampler": {"name": "random", "seed": 3}, "n_trials": 12, "heartbeat_s": 60, **overrides}
+    url = storage()
+    if url:
+        doc["storage"] = url
+    return write_study(folder, SPACE, **doc)
+
+
+def drive(path: Path, running: int = 3, stop_after: int | None = None) -> tuple[optuna.Study, _Link]:
+    """Ask and tell as Tune would, `running` trials at once, the oldest finishing first, each trained by
+    the stand-in through the study's real evaluator; until the searcher says FINISHED (or `stop_after` tells)."""
+    study = load_study_spec(path)
+    ostudy = study.open()
+    link = _Link(study, ostudy)
+    bridge = OptunaBridge(link)
+    open_ids: list[tuple[str, dict]] = []
+    told, asked = 0, 0
+    while stop_after is None or told < stop_after:
+        while len(open_ids) < running:
+            config = bridge.suggest(f"ray-{asked}")
+            asked += 1
+            if not isinstance(config, dict):
+                break
+            open_ids.append((f"ray-{asked - 1}", config))
+        if not open_ids:
+            assert config == bridge.FINISHED
+            break
+        trial_id, config = open_ids.pop(0)
+        cfg = study.configs[config["arch"]]
+        attrs = study.evaluator.evaluate(cfg, config["lineage"], None, "cpu", seed=config["seed"])
+        for epoch, value in enumerate(attrs["curve"]):
+            bridge.on_trial_result(trial_id, {"epoch": epoch + 1, "accuracy": value})
+        bridge.on_trial_complete(trial_id, {"attrs": json.dumps(attrs)})
+        told += 1
+    return ostudy, link
+
+
+def stored(path: Path) -> list[tuple]:
+    """Every trial as the storage holds it, read afresh, less what varies from run to run."""
+    fresh = load_study_spec(path).read()
+    return [(t.number, t.state, t.params, t.values, {k: v for k, v in t.user_attrs.items() if k not in VARIES},
+             t.system_attrs.get("fixed_params")) for t in fresh.get_trials()]
+
+
+def test_the_driver_asks_and_tells_the_same_trials_through_its_cache(tmp_path: Path, storage: Callable[[], str | None],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Same trials, same results: the searcher over Optuna's plain storage and over the driver's cache ask
+    the same configurations at the same seeds (first seeds, then the decide policy's rounds) and store the
+    same values and attributes, trial for trial."""
+    with monkeypatch.context() as plain:  # the searcher as it was before its cache
+        plain.setattr(storage_module, "owner_cache", lambda s: s)
+        reference = study_at(tmp_path / "plain", storage)
+        ostudy, link = drive(reference)
+        assert not hasattr(storage_of(link.open()[1]), "flush")
+        link.release()
+    cached = study_at(tmp_path / "cached", storage)
+    ostudy, link = drive(cached)
+    assert hasattr(storage_of(link.open()[1]), "flush")
+    link.release()
+    view = link.open()[1].get_trials(deepcopy=False)  # what the driver decided on: the storage's trials, field for field
+    assert [t.__dict__ for t in view] == [t.__dict__ for t in load_study_spec(cached).read().get_trials()]
+    a, b = stored(reference), stored(cached)
+    assert any(attrs.get("replicate") for *_, attrs, _ in a)  # the decide policy's rounds ran
+    assert a == b
+    assert not [t for t in ostudy.get_trials() if t.state == RUNNING]
+
+
+def test_what_the_driver_keeps_reaches_the_storage_with_the_lock_the_end_and_the_heartbeat(
+        tmp_path: Path, storage: Callable[[], str | None]) -> None:
+    path = study_at(tmp_path, storage, replicates={"policy": "fixed"}, budget={"epochs": 2, "seeds": 1})
+    study = load_study_spec(path)
+    outside = study.open()  # another process's view: Optuna's plain storage
+    link = _Link(study, study.open())
+    bridge = OptunaBridge(link)
+    config = bridge.suggest("a")  # claimed under the study's lock: its parameters and attributes are stored at its release
+    number = config["optuna_number"]
+    seen = outside.get_trials()[number]
+    assert seen.state == RUNNING and seen.params["arch"] == config["arch"] and seen.user_attrs["config"]
+    bridge.on_trial_result("a", {"epoch": 1, "accuracy": 0.5})  # kept: the curve of a running trial
+    assert "curve" not in outside.get_trials()[number].user_attrs
+    assert link.open()[1].get_trials()[number].user_attrs["curve"] == [0.5]  # the driver reads what it keeps
+    storage_of(link.open()[1]).flush()  # what the heartbeat thread does every heartbeat_s
+    assert outside.get_trials()[number].user_attrs["curve"] == [0.5]
+    cfg = study.configs[config["arch"]]
+    attrs = study.evaluator.evaluate(cfg, config["lineage"], None, "cpu", seed=config["seed"])
+    bridge.on_trial_complete("a", {"attrs": json.dumps(attrs)})  # its attributes and its end: one transaction
+    done = outside.get_trials()[number]
+    assert done.state == COMPLETE and done.user_attrs["accuracy"] == attrs["accuracy"] and done.values[0] == attrs["accuracy"]
+    assert link.open()[1].get_trials()[number].datetime_complete == done.datetime_complete
+    link.release()
+
+
+def test_another_workers_changes_show_at_the_next_lock_and_a_reclaimed_trial_is_not_written_over(
+        tmp_path: Path, storage: Callable[[], str | None]) -> None:
+    path = study_at(tmp_path, storage, replicates={"policy": "fixed"}, budget={"epochs": 2, "seeds": 1}, sampler={"name": "grid"})
+    study = load_study_spec(path)
+    outside = study.open()
+    link = _Link(study, study.open())
+    bridge = OptunaBridge(link)
+    first, second = bridge.suggest("a"), bridge.suggest("b")
+    # another worker takes a queued configuration meanwhile: the driver's next claim (under the lock) sees it
+    other = load_study_spec(path)
+    taken, _ = other.queue.claim(other.open())
+    third = bridge.suggest("c")
+    assert taken.number not in {first["optuna_number"], second["optuna_number"], third["optuna_number"]}
+    assert link.open()[1].get_trials()[taken.number].state == RUNNING
+    # another worker fails the driver's trial "a" as dead (its heartbeat starved): the driver records nothing over it
+    number = first["optuna_number"]
+    outside.tell(number, state=FAIL)
+    cfg = study.configs[first["arch"]]
+    attrs = study.evaluator.evaluate(cfg, first["lineage"], None, "cpu", seed=first["seed"])
+    bridge.on_trial_result("b", {"epoch": 1, "accuracy": 0.25})
+    bridge.on_trial_complete("a", {"attrs": json.dumps(attrs)})
+    after = outside.get_trials()[number]
+    assert after.state == FAIL and "accuracy" not in after.user_attrs
+    storage_of(link.open()[1]).flush()  # the others' kept writes still go
+    assert outside.get_trials()[second["optuna_number"]].user_attrs["curve"] == [0.25]
+    link.release()
+
+
+def test_a_driver_that_dies_is_resumed_with_nothing_trained_twice(tmp_path: Path, storage: Callable[[], str | None]) -> None:
+    """Same resume: a driver that dies (its kept writes of running trials lost, never released) leaves
+    RUNNING trials that `resume --reclaim` queues again; the resumed driver finishes the study with every
+    (configuration, seed) trained once and none left running."""
+    path = study_at(tmp_path, storage)
+    ostudy, link = drive(path, stop_after=4)  # two trials still running when it "dies"
+    link._beating.set()  # its heartbeat stops with it; nothing is flushed or released
+    study = load_study_spec(path)
+    dead = study.queue.reclaim_running(study.open())
+    assert len(dead) == 2
+    ostudy, link = drive(path)
+    link.release()
+    trials = ostudy.get_trials()
+    trained = [(t.params["arch"], t.user_attrs.get("seed", 0)) for t in trials if t.state == COMPLETE and "duplicate_of" not in t.user_attrs]
+    assert len(trained) == len(set(trained)) and len({a for a, _ in trained}) == 12
+    assert not [t for t in trials if t.state == RUNNING]
+    assert sorted(t.number for t in trials if t.state == FAIL) == sorted(dead)  # the dead driver's, queued again and trained
