@@ -107,6 +107,7 @@ def evaluate(name: str, k: float) -> pd.DataFrame:
     post = summarize(frame, "accuracy", OBJECTIVES, draws=0, candidates=candidates).attrs["posterior"]
     lo, hi = post.interval()
     top = int(seen["params"].max())
+    unseen = set(configs.index) - set(seen.index)
     best = seen.loc[seen["true"].idxmax()]
     rows = []
     for factor in FACTORS:
@@ -116,7 +117,7 @@ def evaluate(name: str, k: float) -> pd.DataFrame:
         inside = configs[configs["params"] <= budget]
         if inside["params"].max() <= top:
             continue  # nothing larger than the measured configurations fits: not past the data
-        pick = answer(post, budget, None, 0.01, advise=False).pick
+        pick = answer(post, budget, None, 0.01, advise=False, past=unseen).pick  # a split past the data only when shown better, as in recommend
         i = post.index[pick]
         ideal = inside["true"].max()
         regret = {"post": ideal - configs.at[pick, "true"], "keep": ideal - best["true"],

@@ -28,7 +28,7 @@ per second of training (the posterior's `cost`, from the trials' own train times
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from explorer.errors import ExplorerError
 from explorer.formats import margin as with_unit
-from explorer.formats import plural, points, split, value
+from explorer.formats import bound, plural, split, value
 from explorer.posterior import LEVEL, Posterior, Regret, at_length, lengths, row_key, split_row
 from explorer.voi import greedy, seeds_to_decide
 from explorer.units import format_count, parse_count
@@ -116,7 +116,7 @@ class Verdict:
         if self.kind == "is the baseline":
             return f"{pick} is the baseline"
         if self.kind == "unmeasured":
-            return f"baseline {base} has no completed trial in this study"
+            return f"no verdict against the baseline {base}: it has no completed run at this length"
         if not np.isfinite(self.lo):
             return f"against the baseline {base}: {unit * self.diff:+.1f} {what}, no interval (one seed each)"
         shown = f"{unit * self.diff:+.1f} {what}, 95% interval {unit * self.lo:+.1f} to {unit * self.hi:+.1f}"
@@ -206,6 +206,8 @@ class Answer:
         or why none can; else ''."""
         if self.decided:
             return ""
+        if not self.advice:  # advised against a cap, and nothing below it helps
+            return f"no run the study may still buy narrows it (its cap: {self.cap} seeds per configuration)" if self.cap else ""
         total = sum(self.advice.values())
         more = "more run" if any(split_row(k)[1] is not None for k in self.advice) else "more seed"
         head = (f"about {plural(total, more)} would decide it" if self.advice_reached
@@ -213,7 +215,7 @@ class Answer:
         if self.past_cap:  # said as what raising the cap would buy, never as seeds the study will run
             head = (f"seeds below the study's cap of {self.cap} per configuration cannot decide it ({self.at_cap} within "
                     f"the budget at the cap); with budget.seeds (or decision.max_seeds) raised, {head}")
-        return f"{head}: {self.advice_words()}" if self.advice else ""
+        return f"{head}: {self.advice_words()}"
 
 
 def shown(row: str) -> str:
@@ -229,15 +231,22 @@ def within(posterior: Posterior, budget: int) -> tuple[str, ...]:
 
 def answer(posterior: Posterior, budget: int, baseline: str | None, delta: float, level: float = LEVEL,
            room: Mapping[str, int] | None = None, advise: bool = True, cap: int | None = None,
-           full: Posterior | None = None, epochs: int | None = None) -> Answer:
+           full: Posterior | None = None, epochs: int | None = None, past: Collection[str] = ()) -> Answer:
     """The answer at `budget`; undecided, which configurations and how many seeds would decide it
     (`room`: seeds each may still get; `cap`: the study's seeds per configuration, giving `room` when
     it is None; neither: no limit; `advise`: False leaves that out). With several lengths `posterior` is
-    `full` read at `epochs`, and the advice names runs of any length of `full`."""
+    `full` read at `epochs`, and the advice names runs of any length of `full`. A split `past` the
+    measured range is the answer only where the posterior shows it better than the best of the others
+    (`shown_better`); else the answer, and its bound, are among the others."""
     keys = within(posterior, budget)
     if not keys:
         raise ExplorerError(f"no configuration within {format_count(budget)} parameters", field="budget")
     regret = posterior.regret(keys, level)
+    inside = tuple(k for k in keys if k not in past)
+    if past and inside and len(inside) < len(keys):
+        kept = posterior.regret(inside, level)
+        if regret.pick not in past or not shown_better(posterior, regret.pick, kept.pick, level):
+            keys, regret = inside, kept
     dof = noise_dof(posterior) if posterior.noise is not None else 0.0  # at the answer's length
     measured = bool(any(posterior.n[posterior.index[k]] > 0 for k in keys))
     said = Answer(budget, regret, delta, level, verdict(posterior, regret.pick, baseline, delta, level), noise_dof=dof,
@@ -254,6 +263,11 @@ def answer(posterior: Posterior, budget: int, baseline: str | None, delta: float
     if past:
         advice, reached = seeds_to_decide(source, asked, delta, level, ladder=ladder)
     return Answer(budget, regret, delta, level, said.verdict, advice, reached, dof, measured, cap, at_cap, past)
+
+
+def shown_better(posterior: Posterior, a: str, b: str, level: float = LEVEL) -> bool:
+    """Whether the posterior shows `a` better than `b`: the share of its draws with `a` ahead is at least `level`."""
+    return posterior.has_intervals and float(np.mean(posterior.difference(a, b) > 0)) >= level
 
 
 def distinct(posterior: Posterior, budgets: Sequence[int]) -> dict[tuple[str, ...], list[int]]:
@@ -378,7 +392,7 @@ def table(answers: Sequence[tuple[list[int], Answer]], posterior: Posterior, met
                      "params": int(posterior.params[i]), metric: value(posterior.mean[i], higher_is_better),
                      "95% interval": f"{value(lo[i], higher_is_better)} to {value(hi[i], higher_is_better)}"
                      if posterior.has_intervals else "",
-                     f"ε ({what})": (points(a.eps) if higher_is_better else f"{a.eps:.2g}") if np.isfinite(a.eps) else "",
+                     f"ε ({what})": (bound(a.eps) if higher_is_better else f"{a.eps:.2g}") if np.isfinite(a.eps) else "",
                      "decided": "yes" if a.decided else "no",
                      "vs baseline": a.verdict.kind if a.verdict is not None else "",
                      "more seeds": a.seeds_words()})

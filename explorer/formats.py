@@ -79,8 +79,14 @@ def points(x: float, signed: bool = False) -> str:
     return f"{100 * x:+.1f}" if signed else f"{100 * x:.1f}"
 
 
+def bound(x: float) -> str:
+    """An upper bound of an accuracy-like metric in points, to 1 decimal rounded up: a bound of 1.04 points
+    reads 1.1, never the 1.0 that a margin of 1 would call decided."""
+    return f"{math.ceil(round(1000 * x, 6)) / 10:.1f}"
+
+
 def margin(x: float, unit: float, what: str, exact: bool = False) -> str:
-    """A bound or margin with its unit, singular at 1: a bound in points to 1 decimal (`0.7 points`), a
-    margin the user chose (`exact`) and any other metric's units to 2 significant digits (`0.25 points`)."""
-    shown = f"{unit * x:.1f}".removesuffix(".0") if what == "points" and not exact else f"{unit * x:.2g}"
+    """A bound or margin with its unit, singular at 1: a bound in points to 1 decimal, rounded up (`0.7
+    points`), a margin the user chose (`exact`) and any other metric's units to 2 significant digits."""
+    shown = bound(unit * x / 100).removesuffix(".0") if what == "points" and not exact else f"{unit * x:.2g}"
     return f"{shown} {'point' if what == 'points' and shown == '1' else what}"

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import pandas as pd
 
-from explorer.decisions import Answer, DecisionSpec, answer
+from explorer.decisions import Answer, DecisionSpec, answer, within
 from explorer.errors import ExplorerError
 from explorer.formats import dims_of, interval, margin, plural, split, split_header, value
 from explorer.learning import said as learning_words
@@ -233,7 +233,9 @@ def recommend(df: pd.DataFrame, budget: int, baseline_key: str | None, metric: s
     measured = post.n > 0
     best = float(np.nanmax(post.sign() * post.mean[measured] if measured.any() else post.sign() * table["mean"])) * post.sign()
     delta = decision.margin(higher_is_better, best)
-    said = answer(post, budget, baseline_key, delta, decision.level, cap=cap, full=table.attrs.get("full"), epochs=at)
+    past = {k for k, _, _ in outside}
+    said = answer(post, budget, baseline_key, delta, decision.level, cap=cap, full=table.attrs.get("full"), epochs=at,
+                  past=past)
     key = said.pick
     i = post.index[key]
     lo, hi = post.interval(decision.level)
@@ -245,7 +247,6 @@ def recommend(df: pd.DataFrame, budget: int, baseline_key: str | None, metric: s
     inside = [k for k in said.regret.keys if k != key]
     tied, equivalent = _ties(post, key, inside, delta, decision.level)
     space = max((p for _, _, p in candidates), default=None)
-    past = {k for k, _, _ in outside}
     full = table.attrs["full"]
     shorter = tuple((e, int(n)) for e in sorted(lengths) if e != at and (r := f"{key}@{e}") in full.index
                     and (n := full.n[full.index[r]]) > 0) if at is not None else ()
@@ -257,7 +258,7 @@ def recommend(df: pd.DataFrame, budget: int, baseline_key: str | None, metric: s
         equivalent=tuple(k for _, _, k in tied if k in equivalent), list_ties=list_ties,
         verify=_neighbours(key, _known(done, candidates), budget) if key not in past else (), higher_is_better=higher_is_better,
         space_max=space if space is not None and budget >= space else None, outside=key if key in past else None,
-        past=_rivals(post, key, [k for k in said.regret.keys if k in past], decision.level), epochs=at, shorter=shorter)
+        past=_rivals(post, key, [k for k in within(post, budget) if k in past], decision.level), epochs=at, shorter=shorter)
 
 
 def _rivals(post: Posterior, pick: str, keys: Sequence[str], level: float) -> tuple[str, ...]:

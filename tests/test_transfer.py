@@ -69,6 +69,34 @@ def test_dashboard_draws_the_answer_past_the_data_and_its_held_out_check() -> No
     assert inside > 0  # the larger configurations' means fall inside the intervals predicted from the smaller ones
 
 
+def test_a_split_past_the_data_is_the_answer_only_where_shown_better() -> None:
+    """Past the measured range the answer (and its bound) stays among the measured splits unless the posterior
+    shows a split past them better in at least 95% of its draws; a wide interval alone never wins."""
+    from explorer.decisions import answer, shown_better
+    from explorer.stats import summarize
+
+    frame = _synthetic().rename(columns={"key": "arch", "metric": "accuracy"}).assign(state="COMPLETE")
+    configs = frame.groupby("arch").first()
+    candidates = [(k, {d: int(r[d]) for d in ("layers", "heads", "width", "mlp")}, int(r["params"])) for k, r in configs.iterrows()]
+    seen = frame[frame["width"] <= 32]
+    post = summarize(seen, "accuracy", [("accuracy", "maximize"), ("params", "minimize")], draws=0,
+                     candidates=candidates).attrs["posterior"]
+    past = set(configs.index[configs["width"] == 64])
+    checked = 0
+    for budget in sorted(configs["params"].unique())[-8:]:
+        free = answer(post, int(budget), None, 0.01, advise=False)
+        kept = answer(post, int(budget), None, 0.01, advise=False, past=past)
+        inside = [k for k in free.regret.keys if k not in past]
+        best_inside = post.regret(inside).pick
+        if kept.pick in past:
+            assert kept.pick == free.pick and shown_better(post, kept.pick, best_inside)
+        else:
+            assert kept.pick == best_inside and kept.eps == post.regret(inside).eps
+            checked += free.pick in past  # the bound alone preferred a split past the data; it was not shown better
+    assert checked or any(answer(post, int(b), None, 0.01, advise=False, past=past).pick in past
+                          for b in configs["params"].unique())
+
+
 def test_refusals_say_how_far_and_what_to_measure() -> None:
     assert "3.5x the largest measured configuration (200)" in size_refusal(700, 200)
     assert f"validated to {SIZE_REACH:g}x" in size_refusal(700, 200) and "up to 350 params first" in size_refusal(700, 200)
