@@ -45,7 +45,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.pgserver import Server, throwaway_postgres  # noqa: E402
+from bench.pgserver import NoServer, Server, throwaway_postgres  # noqa: E402
 from explorer.executors import ray_bridge  # noqa: E402
 from explorer.study import load_study_spec  # noqa: E402
 
@@ -216,7 +216,10 @@ def main() -> None:
     load = os.getloadavg()[0]
     try:
         with tempfile.TemporaryDirectory(prefix="explorer-cluster-") as tmp, contextlib.ExitStack() as stack:
-            server = stack.enter_context(throwaway_postgres()) if "postgresql" in args.storages and not args.postgres else None
+            try:
+                server = stack.enter_context(throwaway_postgres()) if "postgresql" in args.storages and not args.postgres else None
+            except NoServer as err:
+                raise SystemExit(f"no PostgreSQL server started here ({err}); pass --postgres URL") from None
             for seconds, waves in zip(args.seconds, args.waves * len(args.seconds)):
                 trials = int(waves * args.gpus)
                 done = {}

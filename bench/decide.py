@@ -119,15 +119,20 @@ def questions(truth: Truth) -> list[int]:
     return out
 
 
-def judge(truth: Truth, budget: int, pick: str, decided: bool, claims: list[tuple[str, str, str]], delta: float) -> tuple[float, float, float]:
-    """(decided, false, true regret in points) of one answer; claims: (kind, a, b) about true means."""
-    mean = dict(zip(truth.keys, truth.mean))
-    best = max(mean[k] for k in truth.keys if truth.params[k] <= budget)
-    regret = best - mean[pick]
+def truth_of(mean: dict[str, float], params: dict[str, int], budget: int, pick: str, claims: list[tuple[str, str, str]],
+             delta: float) -> tuple[float, bool]:
+    """(true regret, whether any claim is false) of one answer against the true `mean`s; claims: (kind, a, b)."""
+    regret = max(m for k, m in mean.items() if params[k] <= budget) - mean[pick]
     false = regret > delta + 1e-12
     for kind, a, b in claims:
         d = mean[a] - mean[b]
         false |= {"beats": d <= 0, "worse": d >= 0, "equivalent": abs(d) >= delta, "non-inferior": d <= -delta}.get(kind, False)
+    return regret, false
+
+
+def judge(truth: Truth, budget: int, pick: str, decided: bool, claims: list[tuple[str, str, str]], delta: float) -> tuple[float, float, float]:
+    """(decided, false, true regret in points) of one answer; claims: (kind, a, b) about true means."""
+    regret, false = truth_of(dict(zip(truth.keys, truth.mean)), truth.params, budget, pick, claims, delta)
     return float(decided), float(decided and false), 100 * regret
 
 

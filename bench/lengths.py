@@ -56,7 +56,7 @@ import pandas as pd  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.decide import budgets, questions  # noqa: E402  (the same budgets and questions as bench/decide.py)
+from bench.decide import budgets, questions, truth_of  # noqa: E402  (the same budgets, questions and judging as bench/decide.py)
 
 DATA = ROOT / "bench" / "data"
 N_TEST = 360
@@ -126,13 +126,7 @@ def simulate(truth: Truth, seeds: int, rep: int) -> np.ndarray:
 
 
 def judge(truth: Truth, budget: int, pick: str, decided: bool, claims: list[tuple[str, str, str]], at: int) -> dict:
-    mean = dict(zip(truth.keys, truth.mean[:, truth.lengths.index(at)]))
-    best = max(mean[k] for k in truth.keys if truth.params[k] <= budget)
-    regret = best - mean[pick]
-    false = regret > DELTA + 1e-12
-    for kind, a, b in claims:
-        d = mean[a] - mean[b]
-        false |= {"beats": d <= 0, "worse": d >= 0, "equivalent": abs(d) >= DELTA, "non-inferior": d <= -DELTA}.get(kind, False)
+    regret, false = truth_of(dict(zip(truth.keys, truth.mean[:, truth.lengths.index(at)])), truth.params, budget, pick, claims, DELTA)
     return {"within": float(regret <= DELTA + 1e-12), "decided": float(decided), "false": float(decided and false),
             "regret": 100 * regret}
 

@@ -8,22 +8,18 @@ Comparing the real /tmp and home before and after would flake: other programs wr
 
 from __future__ import annotations
 
+import contextlib
 import os
-import pwd
 import shutil
-import socket
-import subprocess
 import tempfile
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
-from glob import glob
 from pathlib import Path
 
 import pytest
-import sqlalchemy
 import torch
 import yaml
+
+from bench.pgserver import NoServer, Server, throwaway_postgres
 
 # Tiny models: one thread is fastest and immune to a busy neighbour core. EXPLORER_TEST_TORCH_THREADS runs
 # the suite at another count, which changes how kernels split their sums (issue 36: no test may depend on it).
@@ -134,76 +130,22 @@ def assert_within_rounding(a, b, rel: float, examples: int | None) -> None:
 
 
 # -- a PostgreSQL server (test_postgres.py, test_stress.py) -------------------------------------------
-@dataclass
-class Server:
-    url: str  # of the maintenance database `postgres`
-    pgdata: str | None  # set when this run may restart the server
-    as_owner: list[str]  # prefix that runs pg_ctl as the data directory's owner
-
-    def database(self) -> str:
-        """A new, empty database; its URL."""
-        import psycopg
-
-        name = f"t_{uuid.uuid4().hex[:12]}"
-        with psycopg.connect(self.url, autocommit=True) as conn:
-            conn.execute(f"CREATE DATABASE {name}")
-        return str(sqlalchemy.engine.make_url(self.url).set(database=name).render_as_string(hide_password=False))
-
-    def restart(self) -> None:
-        """Restart the server; its output goes to a log file (a pipe would be held open by the new server)."""
-        log = Path(self.pgdata).parent / "restart.log"
-        subprocess.run([*self.as_owner, _bin("pg_ctl"), "-D", self.pgdata, "-l", str(log), "-m", "fast", "-w", "restart"],
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def _bin(name: str) -> str:
-    found = shutil.which(name) or next(iter(sorted(glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)), None)
-    if found is None:
-        pytest.skip(f"no PostgreSQL server can be started here: {name} not found (Debian: apt-get install postgresql)")
-    return found
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
     """A PostgreSQL server: the one `.ci/run` starts (EXPLORER_TEST_POSTGRES, EXPLORER_TEST_PGDATA), or else
-    a throwaway one started here with initdb/pg_ctl; without PostgreSQL installed the test skips, saying so."""
+    a throwaway one (bench/pgserver.py); without PostgreSQL installed the test skips, saying so."""
     pytest.importorskip("psycopg", reason="the postgres extra (psycopg 3) is not installed")
     url = os.environ.get("EXPLORER_TEST_POSTGRES")
     if url:
         owner = os.environ.get("EXPLORER_TEST_PGUSER")
         yield Server(url, os.environ.get("EXPLORER_TEST_PGDATA"), ["runuser", "-u", owner, "--"] if owner else [])
         return
-    as_owner: list[str] = []
-    if os.geteuid() == 0:  # initdb refuses to run as root: the cluster belongs to the `postgres` user
+    with contextlib.ExitStack() as stack:
         try:
-            user = pwd.getpwnam("postgres")
-        except KeyError:
-            pytest.skip("no PostgreSQL server can be started here: running as root and there is no `postgres` user")
-        as_owner = ["runuser", "-u", "postgres", "--"]
-    root = Path(tempfile.mkdtemp(prefix="explorer-pg-"))  # short: the server's socket lives here
-    if as_owner:
-        os.chown(root, user.pw_uid, user.pw_gid)
-    secret = root / "password"
-    secret.write_text("explorer-test\n")
-    if as_owner:
-        shutil.chown(secret, "postgres", "postgres")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    data = root / "data"
-    try:
-        subprocess.run([*as_owner, _bin("initdb"), "-D", str(data), "-U", "explorer", f"--pwfile={secret}", "--auth=scram-sha-256"],
-                       check=True, capture_output=True)
-        subprocess.run([*as_owner, _bin("pg_ctl"), "-D", str(data), "-l", str(root / "server.log"), "-w",
-                        "-o", f"-c listen_addresses=127.0.0.1 -p {port} -k {root}", "start"], check=True, capture_output=True)
-    except subprocess.CalledProcessError as err:
-        shutil.rmtree(root, ignore_errors=True)
-        pytest.skip(f"no PostgreSQL server can be started here: {err.stderr.decode(errors='replace').strip()[-300:]}")
-    try:
-        yield Server(f"postgresql://explorer:explorer-test@127.0.0.1:{port}/postgres", str(data), as_owner)
-    finally:
-        subprocess.run([*as_owner, _bin("pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"], capture_output=True)
-        shutil.rmtree(root, ignore_errors=True)
+            started = stack.enter_context(throwaway_postgres("explorer-test"))
+        except NoServer as err:
+            pytest.skip(f"no PostgreSQL server can be started here: {err}")
+        yield started
 
 
 @pytest.fixture

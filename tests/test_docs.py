@@ -10,6 +10,7 @@ Blocks of illustrative output are fenced as ```text and skipped; any other langu
 from __future__ import annotations
 
 
+import importlib
 import importlib.util
 import os
 import re
@@ -205,6 +206,14 @@ def check_pip(args: list[str]) -> None:
 
 def check_python(args: list[str]) -> None:
     if args[:2] == ["-m", "venv"] or args[:2] == ["-m", "pytest"]:
+        return
+    if args[0] == "-c":  # a one-liner: it compiles, and every optuna.X.Y it names exists
+        compile(args[1], "python -c", "exec")
+        for dotted in re.findall(r"\boptuna(?:\.\w+)+", args[1]):
+            found = importlib.import_module("optuna")
+            for part in dotted.split(".")[1:]:
+                assert hasattr(found, part), f"python -c: {dotted} does not exist"
+                found = getattr(found, part)
         return
     script = ROOT / args[0]
     assert args[0].startswith("bench/") and script.is_file(), f"python {args[0]}: not a bench script"

@@ -108,6 +108,7 @@ def test_module_class_references_in_yaml(tmp_path: Path, monkeypatch: pytest.Mon
     exp.run()
     (trial,) = exp.trials().query("state == 'COMPLETE'").itertuples()
     assert trial.state == "COMPLETE" and trial.params == exp.study.configs[trial.arch].params
+    assert not any(":" in n for n in [*task_names(), *family_names()])  # a reference a study named is no registered name
 
 
 def _write(path: Path, text: str) -> Path:

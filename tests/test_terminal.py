@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 import explorer
 from explorer import cli, reports, terminal
-from explorer.formats import plural, same_precision, split, split_header
+from explorer.formats import bound, margin, plural, same_precision, split, split_header
 from explorer.terminal import Col
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,6 +91,12 @@ def test_one_compact_form_for_a_split() -> None:
     assert split_header(["layers", "heads", "width"]) == "layers / heads / width"
     assert plural(1, "run") == "1 run" and plural(2, "run") == "2 runs" and plural(0, "seed") == "0 seeds"
     assert same_precision(0.0123, "0.746") == "0.012" and same_precision(0.0123, "0.7461") == "0.0123"
+
+
+def test_a_bound_is_shown_rounded_up_so_it_never_reads_as_the_margin_it_exceeds() -> None:
+    assert [bound(x) for x in (0.0, 0.0086, 0.01, 0.0104, 0.262)] == ["0.0", "0.9", "1.0", "1.1", "26.2"]
+    assert margin(0.0104, 100, "points") == "1.1 points" and margin(0.01, 100, "points") == "1 point"
+    assert margin(0.01, 100, "points", exact=True) == "1 point"  # a margin the user chose is shown as chosen
 
 
 def test_status_tables_keep_words_whole_at_80_columns_and_use_the_room_at_120(replicated: Path) -> None:

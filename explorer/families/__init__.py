@@ -117,4 +117,4 @@ def _check_installed(name: str, family: Family) -> None:
 def family_names() -> list[str]:
     """explorer's families, those registered since, and those installed packages offer through entry
     points, without importing any of them."""
-    return sorted({*MODULES, *_REGISTRY, *plugins.entry_point_names("family")})
+    return sorted({*MODULES, *(n for n in _REGISTRY if not plugins.is_reference(n)), *plugins.entry_point_names("family")})

@@ -92,9 +92,10 @@ def _load_all() -> None:
 
 
 def task_names() -> list[str]:
-    """Registered tasks and those installed packages offer through entry points."""
+    """Registered tasks and those installed packages offer through entry points (a `module:Class` a study
+    named, loaded since, is no name of the registry's)."""
     _load_all()
-    return sorted({*_REGISTRY, *plugins.entry_point_names("task")})
+    return sorted({*(n for n in _REGISTRY if not plugins.is_reference(n)), *plugins.entry_point_names("task")})
 
 
 def get_task(name: str, options: dict[str, Any] | None = None, source: str | None = None) -> Task:
