@@ -8,7 +8,8 @@ policy, storage writes and heartbeats, Ray checkpoints every `executor.checkpoin
 training is replaced: each trial is bench/standin.py's stand-in, which sleeps T seconds over its epochs
 and reports a plausible curve (no torch). The floor is plain Ray Tune: a function trainable that sleeps
 the same T over the same epochs, OptunaSearch with Optuna's RandomSampler (in memory), as many trials as
-explorer trained, one GPU each, `reuse_actors` as explorer sets it.
+explorer trained, one GPU each, `reuse_actors` as explorer sets it. Each run gets a fresh cluster (its
+workers start cold, as the other's did).
 
 Per T and storage it prints the GPUs' busy share (trial seconds / (GPUs x wall), wall from the run's start
 to its end, Ray's worker start-up included for both), the driver's cost per trial (time Tune's thread
@@ -18,7 +19,7 @@ The last line:  cluster busy@2s B busy@10s B10 suggest_ms S tune_busy@2s T
 (SQLite's figures; `--storages` picks others, PostgreSQL on a throwaway server as .ci/run starts one).
 
     python bench/cluster.py [--gpus 32] [--nodes 4] [--seconds 2 10 60] [--storages sqlite postgresql journal]
-    python bench/cluster.py --quick     # 8 GPUs, 2-second trials, 2 waves, SQLite: what tests/test_cluster.py runs
+    python bench/cluster.py --quick     # 4 GPUs on 2 nodes, 2-second trials, 2 waves, SQLite: what tests/test_bench.py runs
 """
 
 from __future__ import annotations
@@ -185,6 +186,26 @@ def worker_memory(stop: threading.Event, out: list[tuple[float, float]]) -> None
             out.append((kib["Pss"] / 1024, (kib["Private_Clean"] + kib["Private_Dirty"]) / 1024))
 
 
+@contextlib.contextmanager
+def fresh_cluster(gpus: int, nodes: int) -> Iterator[str]:
+    """A local Ray cluster of its own for one measured run, its address: every run starts its workers cold
+    (a second run on the same cluster would find the first one's worker processes started and imported)."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    per_node = gpus // nodes
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False, "object_store_memory": 80 << 20})
+    try:
+        for _ in range(nodes):
+            cluster.add_node(num_cpus=per_node, num_gpus=per_node, object_store_memory=80 << 20)
+        ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), MARK.split("=")[0]: MARK.split("=")[1]}})
+        yield cluster.address
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, default=32)
@@ -196,51 +217,40 @@ def main() -> None:
     parser.add_argument("--no-tune", action="store_true", help="skip plain Ray Tune's floor")
     parser.add_argument("--policy", default="decide", choices=["decide", "adaptive", "fixed", "none"],
                         help="the replicate policy, over 2 seeds (none: one seed, no replicates)")
-    parser.add_argument("--quick", action="store_true", help="8 GPUs on 2 nodes, 2-second trials, 2 waves, SQLite")
+    parser.add_argument("--quick", action="store_true", help="4 GPUs on 2 nodes, 2-second trials, 2 waves, SQLite")
     args = parser.parse_args()
     if args.quick:
-        args.gpus, args.nodes, args.seconds, args.waves, args.storages = 8, 2, [2.0], [2], ["sqlite"]
-    import ray
-    from ray.cluster_utils import Cluster
-
+        args.gpus, args.nodes, args.seconds, args.waves, args.storages = 4, 2, [2.0], [2], ["sqlite"]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped bench still stops its cluster and server
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    per_node = args.gpus // args.nodes
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False, "object_store_memory": 80 << 20})
-    for _ in range(args.nodes):
-        cluster.add_node(num_cpus=per_node, num_gpus=per_node, object_store_memory=80 << 20)
-    ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), MARK.split("=")[0]: MARK.split("=")[1]}})
     commits, rows, memory = transactions(), [], []
     load = os.getloadavg()[0]
-    try:
-        with tempfile.TemporaryDirectory(prefix="explorer-cluster-") as tmp, contextlib.ExitStack() as stack:
-            try:
-                server = stack.enter_context(throwaway_postgres()) if "postgresql" in args.storages and not args.postgres else None
-            except NoServer as err:
-                raise SystemExit(f"no PostgreSQL server started here ({err}); pass --postgres URL") from None
-            for seconds, waves in zip(args.seconds, args.waves * len(args.seconds)):
-                trials = int(waves * args.gpus)
-                done = {}
-                for name in args.storages:
-                    folder = Path(tmp) / f"{name}-{seconds:g}"
-                    storage = {"sqlite": f"sqlite:///{folder / 'cluster.db'}", "journal": f"journal:{folder / 'cluster.log'}",
-                               "postgresql": None}.get(name) or (server or Server(args.postgres)).database()
-                    stop = threading.Event()
-                    sampler = threading.Thread(target=worker_memory, args=(stop, memory), daemon=True)
-                    sampler.start()
-                    done[name] = explorer_run(folder, seconds, trials, args.gpus, storage, cluster.address, commits, args.policy)
-                    stop.set()
-                    rows.append((seconds, name, done[name]))
-                    print_row(seconds, name, done[name])
-                if not args.no_tune:
+    with tempfile.TemporaryDirectory(prefix="explorer-cluster-") as tmp, contextlib.ExitStack() as stack:
+        try:
+            server = stack.enter_context(throwaway_postgres()) if "postgresql" in args.storages and not args.postgres else None
+        except NoServer as err:
+            raise SystemExit(f"no PostgreSQL server started here ({err}); pass --postgres URL") from None
+        for seconds, waves in zip(args.seconds, args.waves * len(args.seconds)):
+            trials = int(waves * args.gpus)
+            done = {}
+            for name in args.storages:
+                folder = Path(tmp) / f"{name}-{seconds:g}"
+                storage = {"sqlite": f"sqlite:///{folder / 'cluster.db'}", "journal": f"journal:{folder / 'cluster.log'}",
+                           "postgresql": None}.get(name) or (server or Server(args.postgres)).database()
+                stop = threading.Event()
+                sampler = threading.Thread(target=worker_memory, args=(stop, memory), daemon=True)
+                sampler.start()
+                with fresh_cluster(args.gpus, args.nodes) as address:
+                    done[name] = explorer_run(folder, seconds, trials, args.gpus, storage, address, commits, args.policy)
+                stop.set()
+                rows.append((seconds, name, done[name]))
+                print_row(seconds, name, done[name])
+            if not args.no_tune:
+                with fresh_cluster(args.gpus, args.nodes):
                     floor = tune_run(Path(tmp) / f"tune-{seconds:g}", seconds, done[args.storages[0]]["trials"], args.gpus)
-                    rows.append((seconds, "tune", floor))
-                    print_row(seconds, "tune", floor)
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
+                rows.append((seconds, "tune", floor))
+                print_row(seconds, "tune", floor)
     summarize(rows, memory, args, load)
 
 

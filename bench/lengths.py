@@ -148,7 +148,7 @@ def frame_of(truth: Truth, values: np.ndarray, runs: dict[tuple[str, int], int])
 def study(truth: Truth, values: np.ndarray, lengths: list[int], target: int) -> tuple[list[dict], float]:
     """One simulated study trained at `lengths`, answered at `target`: per question its judgement, and its compute."""
     from explorer.decisions import DecisionSpec, answer
-    from explorer.posterior import split_row
+    from explorer.rows import split_row
     from explorer import replicates
     from explorer.stats import summarize
 

@@ -39,7 +39,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from explorer.errors import ExplorerError
 from explorer.formats import margin as with_unit
 from explorer.formats import bound, plural, split, value
-from explorer.posterior import LEVEL, Posterior, Regret, at_length, lengths, row_key, split_row
+from explorer.posterior import LEVEL, Posterior, Regret, at_length, lengths
+from explorer.rows import row_key, split_row
 from explorer.voi import greedy, seeds_to_decide
 from explorer.units import format_count, parse_count
 

@@ -34,6 +34,7 @@ from scipy import special
 
 from explorer import gp
 from explorer.noise import NoiseModel, Scale, fit_noise, scale_for
+from explorer.rows import AT, split_row
 
 LEVEL = 0.95
 DRAWS = 2000
@@ -42,17 +43,6 @@ CHECK_P = 0.01
 LIMIT = 1.0  # a noisy configuration's deviation variance, at least this many times its mean's noise variance
 TAU_RANGE = 2.0  # the prior on a configuration's deviation from the surface: uniform up to this many run sds
 Z = float(special.ndtri(0.975))
-AT = "@"  # a row key: a configuration's key, AT, the length in epochs
-
-
-def row_key(key: str, epochs: int) -> str:
-    return f"{key}{AT}{int(epochs)}"
-
-
-def split_row(row: str) -> tuple[str, int | None]:
-    """(configuration key, epochs) of a row key; (key, None) for a study of one length."""
-    key, at, epochs = row.rpartition(AT)
-    return (key, int(epochs)) if at else (row, None)
 
 
 @dataclass(frozen=True)

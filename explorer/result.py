@@ -9,6 +9,9 @@ from explorer.budget import Compile
 from explorer.kappa import BlockKappa
 
 
+EPOCH_METRICS = ("accuracy", "perplexity", "eval_loss", "train_loss")  # what a run's per-epoch callback may receive
+
+
 @dataclass
 class TrialResult:
     """What one trial reports: `metric` is the task's metric after the last epoch."""

@@ -31,7 +31,8 @@ import numpy as np
 import pandas as pd
 
 from explorer.pareto import pareto_mask
-from explorer.posterior import LEVEL, Posterior, at_length, fit, front_share, row_key, split_row
+from explorer.posterior import LEVEL, Posterior, at_length, fit, front_share
+from explorer.rows import row_key, split_row
 
 FRONT_DRAWS = 2000
 DIMS = ("layers", "heads", "width", "mlp")

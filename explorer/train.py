@@ -45,7 +45,6 @@ from explorer.result import TrialResult, precision
 from explorer.tasks import Loader, Task, TaskData
 
 Callback = Callable[[int, dict[str, float]], None]
-EPOCH_METRICS = ("accuracy", "perplexity", "eval_loss", "train_loss")  # what `callback` may receive each epoch
 
 KAPPA_SAMPLES = 32  # eval samples on which κ is measured: enough for a stable median, cheap to SVD
 _GLOBAL_RNG = threading.Lock()  # held while a trial seeds torch's global RNG and draws its model's initialisation

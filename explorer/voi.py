@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from explorer.posterior import LEVEL, Posterior, row_key, split_row, subset
+from explorer.posterior import LEVEL, Posterior, subset
+from explorer.rows import row_key, split_row
 
 CONTENDER = 0.005  # share of draws in which a configuration is the best that makes it matter to the seed policy
 OPTIONS = 8  # configurations the seed policy weighs per seed: those most often the best of an undecided question

@@ -114,7 +114,7 @@ def test_the_script_prints_the_regret_table() -> None:
 
 @pytest.mark.slow
 def test_cluster_bench_runs_explorer_and_plain_tune_on_a_simulated_cluster() -> None:
-    """bench/cluster.py --quick: 8 fake GPUs on 2 Ray nodes, 2-second stand-in trials through explorer's real Ray
+    """bench/cluster.py --quick: 4 fake GPUs on 2 Ray nodes, 2-second stand-in trials through explorer's real Ray
     executor (SQLite, the decide policy) and through plain Ray Tune + OptunaSearch; nothing trained twice or left
     running, and its last line (its figures mean little at this size: the README has the full run's)."""
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "cluster.py"), "--quick"], capture_output=True, text=True,

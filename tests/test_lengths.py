@@ -15,7 +15,8 @@ from conftest import write_study
 from explorer import schedule, stats
 from explorer.budget import Budget
 from explorer.learning import still_learning
-from explorer.posterior import at_length, row_key
+from explorer.posterior import at_length
+from explorer.rows import row_key
 from explorer.tasks import get_task
 from explorer.train import run_trial
 

@@ -33,6 +33,12 @@ def test_import_cli_loads_no_heavy_engine(tmp_path: Path) -> None:
     assert (HEAVY | NOT_FOR_COUNTING).isdisjoint(modules), sorted((HEAVY | NOT_FOR_COUNTING) & modules)
 
 
+def test_a_ray_workers_trainable_imports_no_torch_until_a_trial_trains(tmp_path: Path) -> None:
+    """A Ray worker imports the trainable's module before its first trial: without torch (a task that trains
+    itself never loads it; bench/cluster.py's workers cost 438 MiB each with it, 162 without)."""
+    assert "torch" not in imported(["-c", "import explorer.executors.ray_tune"], tmp_path)
+
+
 def test_params_and_status_of_an_own_family_load_no_heavy_engine(tmp_path: Path) -> None:
     path = write_study(tmp_path, budget={"epochs": 1, "batch_size": 128, "lr": 0.003, "seed": 0}, n_trials=1)
     subprocess.run([sys.executable, "-m", "explorer.cli", "run", str(path), "--no-dashboard"], cwd=tmp_path, env=ENV,

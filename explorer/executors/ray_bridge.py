@@ -34,7 +34,7 @@ from explorer.faults import Fault
 from explorer.study import Study
 from explorer.optuna_cache import flush_due, read_again, record_heartbeats, stored_state
 from explorer.optuna_compat import storage_of, trial_storage_id
-from explorer.train import EPOCH_METRICS
+from explorer.result import EPOCH_METRICS
 
 _FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
 _BUILT: dict[str, Study] = {}  # the study a worker process rebuilt from a link's data (`_Link.study`)

@@ -23,7 +23,7 @@ from explorer import checkpoints
 from explorer.frame import trials_frame
 from explorer.identity import current_rows, current_trials, per_trial
 from explorer.optuna_compat import storage_of, trial_storage_id
-from explorer.posterior import split_row
+from explorer.rows import split_row
 from explorer.pruning import come_back
 from explorer.replicates import wanted
 from explorer.study.read import Reads, counts, is_measured, runs_regardless
