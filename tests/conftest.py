@@ -28,8 +28,9 @@ torch.set_num_threads(TORCH_THREADS)
 
 # What engines leave in a temp dir by design: Ray its session folders (`ray/`) and Tune's lock files,
 # torch the inductor cache that importing timm creates (`torchinductor_<user>`); multiprocessing
-# removes its `pymp-*` folders only when the interpreter exits; MLflow a lock file per SQLite store it creates.
-ENGINE_NAMES, ENGINE_PREFIXES = {"ray", "_ray_lockfiles"}, ("torchinductor_", "pymp-", "db_init_lock-")
+# removes its `pymp-*` folders only when the interpreter exits; MLflow a lock file per SQLite store it creates;
+# gunicorn (under `mlflow server`) its control socket, in $XDG_RUNTIME_DIR (else it makes $HOME/.gunicorn).
+ENGINE_NAMES, ENGINE_PREFIXES = {"ray", "_ray_lockfiles", "gunicorn.ctl"}, ("torchinductor_", "pymp-", "db_init_lock-")
 _OWN: dict[str, Path] = {}
 
 
@@ -49,6 +50,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     _OWN["TMPDIR"].chmod(0o1777)  # like /tmp: a PostgreSQL server the tests start as `postgres` works in it
     _OWN["HOME"] = Path(tempfile.mkdtemp(prefix="xh-", dir=real))
     os.environ.update({name: str(path) for name, path in _OWN.items()})
+    os.environ["XDG_RUNTIME_DIR"] = str(_OWN["TMPDIR"])  # gunicorn (mlflow server) puts its control socket there, else in $HOME/.gunicorn
     for name in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "MLFLOW_TRACKING_URI"):
         os.environ.pop(name, None)  # the user's cluster, token and tracking server are not the tests' (each test sets its own)
     os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"  # else importing mlflow writes an installation id under $HOME
