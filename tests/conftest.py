@@ -29,8 +29,9 @@ torch.set_num_threads(TORCH_THREADS)
 # What engines leave in a temp dir by design: Ray its session folders (`ray/`) and Tune's lock files,
 # torch the inductor cache that importing timm creates (`torchinductor_<user>`); multiprocessing
 # removes its `pymp-*` folders only when the interpreter exits; MLflow a lock file per SQLite store it creates;
-# gunicorn (under `mlflow server`) its control socket, in $XDG_RUNTIME_DIR (else it makes $HOME/.gunicorn).
-ENGINE_NAMES, ENGINE_PREFIXES = {"ray", "_ray_lockfiles", "gunicorn.ctl"}, ("torchinductor_", "pymp-", "db_init_lock-")
+# gunicorn (under `mlflow server`) its control socket, in $XDG_RUNTIME_DIR (else it makes $HOME/.gunicorn),
+# and headless Chromium its dconf cache there.
+ENGINE_NAMES, ENGINE_PREFIXES = {"ray", "_ray_lockfiles", "gunicorn.ctl", "dconf"}, ("torchinductor_", "pymp-", "db_init_lock-")
 _OWN: dict[str, Path] = {}
 
 
