@@ -244,7 +244,7 @@ def answer(posterior: Posterior, budget: int, baseline: str | None, delta: float
         raise ExplorerError(f"no configuration within {format_count(budget)} parameters", field="budget")
     regret = posterior.regret(keys, level)
     inside = tuple(k for k in keys if k not in past)
-    if past and inside and len(inside) < len(keys):
+    if inside and len(inside) < len(keys):
         kept = posterior.regret(inside, level)
         if regret.pick not in past or not shown_better(posterior, regret.pick, kept.pick, level):
             keys, regret = inside, kept
@@ -260,10 +260,10 @@ def answer(posterior: Posterior, budget: int, baseline: str | None, delta: float
         room = {k: max(cap - int(n), 0) for k, n in zip(source.keys, source.n) if n > 0 or ladder}
     at_cap = sum(1 for k in asked if room is not None and k in room and room[k] <= 0)
     advice, reached = seeds_to_decide(source, asked, delta, level, room, ladder=ladder)
-    past = bool(at_cap) and not reached  # the cap stops it: what would decide it were the cap raised
-    if past:
+    capped = bool(at_cap) and not reached  # the cap stops it: what would decide it were the cap raised
+    if capped:
         advice, reached = seeds_to_decide(source, asked, delta, level, ladder=ladder)
-    return Answer(budget, regret, delta, level, said.verdict, advice, reached, dof, measured, cap, at_cap, past)
+    return Answer(budget, regret, delta, level, said.verdict, advice, reached, dof, measured, cap, at_cap, capped)
 
 
 def shown_better(posterior: Posterior, a: str, b: str, level: float = LEVEL) -> bool:
