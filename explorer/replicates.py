@@ -2,7 +2,10 @@
 front is open (`adaptive`), or those whose next seed most shrinks an undecided budget's regret bound
 (`decide`).
 
-All but `fixed` run in rounds once every configuration the study asked for has its first seed.
+All but `fixed` run in rounds once every configuration the study asked for has its first seed (or, with
+several workers, has it in flight). A round reads the results stored so far and skips a configuration
+whose run is still in flight: rounds overlap rather than wait for their slowest trial, as ASHA's
+promotions do (explorer.study.queue).
 
 `adaptive`: a round adds one seed to each configuration that is neither confidently on the Pareto front
 (front probability at least `confidence`) nor settled off it. A configuration is settled off the front

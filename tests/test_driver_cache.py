@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ from explorer.executors.ray_bridge import OptunaBridge, _Link  # noqa: E402
 from explorer.optuna_compat import storage_of  # noqa: E402
 from explorer.study import load_study_spec  # noqa: E402
 from explorer.study import storage as storage_module  # noqa: E402
+from explorer.study.queue import Queue  # noqa: E402
 
 COMPLETE, RUNNING, FAIL = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.FAIL
 SPACE = {**TINY_SPACE, "fixed": {**TINY_SPACE["fixed"], "width": 32, "mlp": 64}, "free": {"layers": [1, 2, 3], "heads": "divisors"}}
@@ -51,12 +54,16 @@ def study_at(folder: Path, storage: Callable[[], str | None], **overrides: Any) 
     return write_study(folder, SPACE, **doc)
 
 
-def drive(path: Path, running: int = 3, stop_after: int | None = None) -> tuple[optuna.Study, _Link]:
+def drive(path: Path, running: int = 3, stop_after: int | None = None, inline: bool = True) -> tuple[optuna.Study, _Link]:
     """Ask and tell as Tune would, `running` trials at once, the oldest finishing first, each trained by
-    the stand-in through the study's real evaluator; until the searcher says FINISHED (or `stop_after` tells)."""
+    the stand-in through the study's real evaluator; until the searcher says FINISHED (or `stop_after` tells).
+    `inline`: the replicate policy is read in the searcher's call rather than on the link's policy thread,
+    so that what is asked does not depend on the thread's timing (runs are compared trial for trial)."""
     study = load_study_spec(path)
     ostudy = study.open()
     link = _Link(study, ostudy)
+    if inline:
+        link.replicate = lambda: (study.queue.replicates(link.open()[1]), link.queued.set())
     bridge = OptunaBridge(link)
     open_ids: list[tuple[str, dict]] = []
     told, asked = 0, 0
@@ -180,3 +187,26 @@ def test_a_driver_that_dies_is_resumed_with_nothing_trained_twice(tmp_path: Path
     assert len(trained) == len(set(trained)) and len({a for a, _ in trained}) == 12
     assert not [t for t in trials if t.state == RUNNING]
     assert sorted(t.number for t in trials if t.state == FAIL) == sorted(dead)  # the dead driver's, queued again and trained
+
+
+def test_the_replicate_policy_is_read_off_the_searchers_thread_and_its_runs_are_claimed(tmp_path: Path) -> None:
+    """Issue 34: a posterior fit no longer holds Tune's loop. While trials run, the decide policy reads
+    their results on the link's policy thread; what it queues is claimed by the next `suggest`, and the
+    study ends with every run trained once and none left running."""
+    path = study_at(tmp_path, lambda: None)
+    readers: list[str] = []
+    real = Queue.replicates
+
+    def replicates(self, ostudy):
+        readers.append(threading.current_thread().name)
+        return real(self, ostudy)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Queue, "replicates", replicates)
+        ostudy, link = drive(path, running=3, inline=False)
+    link.release()
+    trials = load_study_spec(path).read().get_trials()
+    runs = Counter((t.params["arch"], t.user_attrs.get("seed", 0)) for t in trials if t.state == COMPLETE)
+    assert set(runs.values()) == {1} and not [t for t in trials if t.state == RUNNING]
+    assert any(t.user_attrs.get("replicate") for t in trials if t.state == COMPLETE)
+    assert {name for name in readers if name != threading.current_thread().name}  # read beside the searcher's thread

@@ -343,3 +343,37 @@ def test_a_stray_queued_copy_of_a_complete_configuration_is_answered_from_storag
     assert not ostudy.get_trials(states=(WAITING,))
     copies = [t for t in ostudy.get_trials(states=(COMPLETE,)) if "duplicate_of" in t.user_attrs]
     assert [t.user_attrs["duplicate_of"] for t in copies] == [measured[0].number]
+
+
+def test_a_round_runs_beside_the_last_ones_trials_and_skips_only_configurations_still_in_flight(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 34: with several workers, an `adaptive` (or `decide`) round does not wait for every trial of
+    the last one: a result queues the runs the policy then wants, except for configurations whose own run
+    is still in flight (asked again when it ends). The policy reads each set of results once."""
+    path = write_study(tmp_path, budget=QUICK, n_trials=3, sampler={"name": "random", "seed": 0})
+    study = load_study_spec(path)
+    LocalExecutor().run(study, study.open())  # three configurations measured at seed 0
+    path = write_study(tmp_path, budget={**QUICK, "seeds": 3}, n_trials=3, sampler={"name": "random", "seed": 0},
+                       replicates={"policy": "adaptive"})
+    study = load_study_spec(path)
+    ostudy = study.open()
+    asked: list[set[str]] = []
+
+    def every_measured(summary, *args, **kwargs) -> list[str]:  # the policy wants one more seed everywhere
+        asked.append({k for k, n in zip(summary["arch"], summary["n"]) if n > 0})
+        return sorted(asked[-1])
+
+    monkeypatch.setattr(queue_module, "wanted", every_measured)
+    first = study.queue.replicates(ostudy)
+    assert sorted(seed for _, seed in first) == [1, 1, 1] and len(asked) == 1
+    running = [study.queue.claim(ostudy) for _ in first]
+    assert study.queue.replicates(ostudy) == [] and len(asked) == 1  # the same results: not read again
+
+    trial, cfg = running[0]  # one of them ends; the other two are still in flight
+    attrs = study.evaluator.evaluate(cfg, trial.number, seed=study.seed_of(trial))
+    for key, value in attrs.items():
+        trial.set_user_attr(key, value)
+    ostudy.tell(trial, study.evaluator.values(attrs))
+    assert study.queue.replicates(ostudy) == [(cfg.key, 2)] and len(asked) == 2  # at once, not after the other two
+    study.queue.claim(ostudy)
+    assert study.queue.replicates(ostudy) == [] and len(asked) == 2

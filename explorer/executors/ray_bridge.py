@@ -46,7 +46,8 @@ class _Link:
     it is used, and the study is rebuilt from the data without reading its files.
 
     It also keeps the Optuna trials this driver has open alive with heartbeats, so that if the driver
-    dies they go stale and the next `explorer run/resume` fails and re-queues them (as for `local`).
+    dies they go stale and the next `explorer run/resume` fails and re-queues them (as for `local`), and
+    reads the replicate policy beside Tune's loop while trials run (`replicate`).
     """
 
     def __init__(self, study: Study, ostudy: optuna.Study | None = None, on_trial: TrialCallback | None = None,
@@ -59,6 +60,8 @@ class _Link:
         self._ostudy = None if ostudy is None else study.store.own(ostudy)
         self.on_trial, self.on_epoch = on_trial, on_epoch
         self._beating: threading.Event | None = None
+        self._wake, self.queued = threading.Event(), threading.Event()  # the policy has new results / queued runs
+        self.policy_error: BaseException | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"data": self.data, "metric": self.metric, "open_trials": dict(self.open_trials), "execution": self.execution}
@@ -67,6 +70,7 @@ class _Link:
         self.data, self.metric, self.open_trials = state["data"], state["metric"], state["open_trials"]
         self.execution = state.get("execution")
         self._study = self._ostudy = self.on_trial = self.on_epoch = self._beating = None
+        self._wake, self.queued, self.policy_error = threading.Event(), threading.Event(), None
 
     def study(self) -> Study:
         """The study, rebuilt from its data once per process: Tune hands each trial a copy of the link, and a
@@ -87,7 +91,26 @@ class _Link:
         if self._beating is None:
             self._beating = threading.Event()
             threading.Thread(target=self._heartbeat, args=(self._ostudy, self._beating), daemon=True).start()
+            threading.Thread(target=self._replicating, args=(study, self._ostudy, self._beating), daemon=True).start()
         return study, self._ostudy
+
+    def replicate(self) -> None:
+        """Have the replicate policy read the latest results (`Queue.replicates`) on this driver's policy
+        thread, not on Tune's loop: a posterior fit takes a good part of a second at a few hundred trials,
+        and every trial's start and end waits on that loop. Results that end during a fit are read
+        together by the next. `queued` is set after each reading: the searcher then claims at once."""
+        self._wake.set()
+
+    def _replicating(self, study: Study, ostudy: optuna.Study, stop: threading.Event) -> None:
+        while not stop.is_set():
+            if not self._wake.wait(0.5):
+                continue
+            self._wake.clear()
+            try:
+                study.queue.replicates(ostudy)  # also queues again the runs of trials that ended without a result
+            except Exception as err:  # noqa: BLE001  raised by the searcher's next `suggest`, on Tune's loop
+                self.policy_error = err
+            self.queued.set()
 
     def _heartbeat(self, ostudy: optuna.Study, stop: threading.Event) -> None:
         """Beat for every open trial, in one write, and store what their epochs reported since the last beat
@@ -162,30 +185,41 @@ class OptunaBridge(Searcher):
     quiet_until = 0.0  # no claim is tried again before then, unless a trial ends: Tune asks on every turn of its loop
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
-        if time.monotonic() < self.quiet_until:
+        if time.monotonic() < self.quiet_until and not self.link.queued.is_set():
             return None
+        self.link.queued.clear()
+        if self.link.policy_error is not None:
+            raise self.link.policy_error
         study, ostudy = self.link.open()
         for number, run in list(self.held.items()):
             if run not in self.running.values():
                 del self.held[number]
                 if not self._answer_from_storage(number, run[0]):
                     return self._launch(trial_id, number, run[0])
+        read = False  # whether the replicate policy was read here since the last claim
         while True:
             with study.store.lock():  # one hold: one read of the storage, one write of what the claim and launch wrote
-                study.queue.replicates(ostudy)
                 claimed = None if study.reads.too_many_failures(ostudy) else study.queue.claim(ostudy)
-                if claimed is None:
-                    # open trials may still lead to replicates (an adaptive round starts when they end) or retries;
-                    # another worker's queued trials are seen within half a second
-                    self.quiet_until = time.monotonic() + 0.5
-                    return None if self.held or self.link.open_trials else Searcher.FINISHED
-                trial, cfg = claimed
-                self.link.open_trials[trial.number] = trial_storage_id(trial)
-                key = cfg.key
-                if (key, study.seed_of(trial)) in self.running.values():
-                    self.held[trial.number] = (key, study.seed_of(trial))
-                elif not self._answer_from_storage(trial.number, key):
-                    return self._launch(trial_id, trial.number, key)
+                if claimed is not None:
+                    trial, cfg = claimed
+                    self.link.open_trials[trial.number] = trial_storage_id(trial)
+                    key = cfg.key
+                    if (key, study.seed_of(trial)) in self.running.values():
+                        self.held[trial.number] = (key, study.seed_of(trial))
+                    elif not self._answer_from_storage(trial.number, key):
+                        return self._launch(trial_id, trial.number, key)
+                    read = False
+                    continue
+            if self.held or self.link.open_trials:
+                # their results may queue replicates or retries (read on the policy thread, which wakes this
+                # searcher); another worker's queued trials are seen within half a second
+                self.link.replicate()
+                self.quiet_until = time.monotonic() + 0.5
+                return None
+            if read or study.reads.too_many_failures(ostudy):
+                return Searcher.FINISHED
+            study.queue.replicates(ostudy)  # nothing runs: the last results are read here, then one more claim
+            read = True
 
     def _answer_from_storage(self, number: int, key: str) -> bool:
         """A configuration that already completed is not trained again (`Study.answer_from_storage`, as `local`)."""
@@ -219,7 +253,7 @@ class OptunaBridge(Searcher):
         self._record_epoch(trial_id, result)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-        self.quiet_until = 0.0  # its end may let a trial start: a replicate round, a held twin
+        self.quiet_until = 0.0  # its end may let a trial start: a held twin; the policy reads its result (`link.replicate`)
         number = self.ray_ids.pop(trial_id, None)
         self.running.pop(trial_id, None)
         if number is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import random
 import socket
+import threading
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -58,6 +59,8 @@ class Queue:
 
     def __init__(self, study: ResolvedStudy, store: Store, reads: Reads, evaluator: Callable[[], Evaluator]):
         self.study, self.store, self.reads, self._evaluator = study, store, reads, evaluator
+        self.evidence: frozenset[int] | None = None  # the finished trials the replicate policy last read
+        self._reading = threading.Lock()  # one reading of the policy at a time in this process: a second waits for its runs
 
     def claim(self, ostudy: optuna.Study) -> tuple[optuna.Trial, Config] | None:
         """Start the next trial this worker may run, with its configuration; None when none may start now.
@@ -71,7 +74,7 @@ class Queue:
         """
         with self.store.lock():
             trials = current_trials(ostudy)
-            slots = self.to_measure(ostudy, trials) - sum(t.state == _RUNNING and not runs_regardless(t) for t in trials)
+            slots = self.to_start(ostudy, trials)
             waiting = sorted((t for t in trials if t.state == _WAITING), key=lambda t: t.number)
             done = self.reads.completed(ostudy).keys()
             free = {t.number for t in waiting if runs_regardless(t) or run(self.study, t) in done}
@@ -179,13 +182,27 @@ class Queue:
 
         A seed is taken once any trial of it is stored (a dead one is queued again by `requeue_dead`, or
         given up). `fixed` queues every missing seed of each measured configuration; `adaptive` and
-        `decide` one more seed per uncertain configuration, in rounds, once nothing is queued or running.
+        `decide` one more run per configuration they want, once nothing is queued and the sampler has no
+        configuration left to start, on the results stored then, skipping a configuration whose run is in
+        flight (asked again when it ends). With one worker that is a round at a time, after every first
+        seed; with many, rounds overlap (as ASHA's promotions do), and no worker waits for a round's
+        slowest trial. The policy is read once per new result, outside the study's lock (a posterior fit
+        takes a good part of a second at a few hundred trials): other workers claim meanwhile.
         """
-        with self.store.lock():
-            self.requeue_dead(ostudy)
-            _bring_back_pruned(self.study, ostudy)
-            more = len(self.study.seeds) > 1 or len(self.study.spec.budget.ladder) > 1  # more seeds, or longer runs
-            return _queue_replicates(self, ostudy, self.study.seeds) if more else []
+        with self._reading:
+            with self.store.lock():
+                self.requeue_dead(ostudy)
+                _bring_back_pruned(self.study, ostudy)
+                more = len(self.study.seeds) > 1 or len(self.study.spec.budget.ladder) > 1  # more seeds, or longer runs
+                if not more or not _round_due(self, ostudy):
+                    return []
+            try:
+                rows = _wanted_rows(self, ostudy)
+            except BaseException:
+                self.evidence = None  # read again by the next call
+                raise
+            with self.store.lock():
+                return _queue_rows(self, ostudy, rows, self.study.seeds)
 
     def verification(self, ostudy: optuna.Study, keys: list[str]) -> list[str]:
         """Queue configurations `recommend --verify` asks for; they run even once `n_trials` is reached.
@@ -236,6 +253,10 @@ class Queue:
         left = max(0, self.to_measure(ostudy, trials) - running) + extra
         return min(left, len(waiting)) if self.study.spec.sampler.name == "grid" else left
 
+    def to_start(self, ostudy: optuna.Study, trials: list[optuna.trial.FrozenTrial]) -> int:
+        """Configurations the sampler may still start: `to_measure` less those whose first run is in flight."""
+        return self.to_measure(ostudy, trials) - sum(t.state == _RUNNING and not runs_regardless(t) for t in trials)
+
     def to_measure(self, ostudy: optuna.Study, trials: list[optuna.trial.FrozenTrial]) -> int:
         """Configurations still to measure before `n_trials` is reached (0 once the sampler stalled)."""
         counted = [key for key in per_trial(ostudy, trials, "counted", _counted) if key is not _UNCOUNTED]
@@ -272,12 +293,35 @@ def _bring_back_pruned(study: ResolvedStudy, ostudy: optuna.Study) -> list[str]:
     return keys
 
 
-def _queue_replicates(queue: Queue, ostudy: optuna.Study, seeds: list[int]) -> list[tuple[str, int]]:
+def _round_due(queue: Queue, ostudy: optuna.Study) -> bool:
+    """Whether the replicate policy has something new to read: for `adaptive` and `decide`, nothing queued
+    and no configuration left for the sampler to start; for every policy, results it has not read yet."""
+    trials = current_trials(ostudy)
+    if queue.study.spec.replicates.policy != "fixed" and (any(t.state == _WAITING for t in trials) or queue.to_start(ostudy, trials) > 0):
+        return False
+    evidence = frozenset(t.number for t in trials if t.state.is_finished())
+    if evidence == queue.evidence:  # read already; what it wanted then is queued, or in flight until a result comes
+        return False
+    queue.evidence = evidence
+    return True
+
+
+def _wanted_rows(queue: Queue, ostudy: optuna.Study) -> list[str]:
+    """The rows (configurations, or a configuration at a length) the policy wants one more run of."""
+    study = queue.study
+    summary = queue.reads.summary(ostudy, draws=None if study.spec.replicates.policy == "adaptive" else 0)
+    return wanted(summary, len(study.seeds), study.spec.replicates, budgets=study.budgets(), decision=study.spec.decision,
+                  baseline=study.space.baseline.key if study.space.baseline is not None else None)
+
+
+def _queue_rows(queue: Queue, ostudy: optuna.Study, rows: list[str], seeds: list[int]) -> list[tuple[str, int]]:
+    """Queue the policy's `rows` against the storage as it is now (under the lock): only seeds no trial has
+    taken, and for `adaptive` and `decide` one run per configuration not already in flight (queued or
+    running: its own result, or another worker's round, comes first)."""
     study = queue.study
     trials = current_trials(ostudy)
-    adaptive = study.spec.replicates.policy != "fixed"  # adaptive and decide: one seed more per round
-    if adaptive and (any(t.state in (_WAITING, _RUNNING) for t in trials) or queue.to_measure(ostudy, trials) > 0):
-        return []
+    adaptive = study.spec.replicates.policy != "fixed"
+    in_flight = {arch(t) for t in trials if t.state in (_WAITING, _RUNNING)} if adaptive else set()
     budget = study.spec.budget
     taken: dict[tuple[str, int], set[int]] = {}  # (configuration, length): seeds with a run that measures it
     for t in trials:
@@ -285,10 +329,10 @@ def _queue_replicates(queue: Queue, ostudy: optuna.Study, seeds: list[int]) -> l
         for rung in [r for r in budget.ladder if r <= length] if budget.lr_schedule == "wsd" else [length]:
             taken.setdefault((key, rung), set()).add(seed)
     queued = []
-    summary = queue.reads.summary(ostudy, draws=None if study.spec.replicates.policy == "adaptive" else 0)
-    for row in wanted(summary, len(seeds), study.spec.replicates, budgets=study.budgets(), decision=study.spec.decision,
-                      baseline=study.space.baseline.key if study.space.baseline is not None else None):
+    for row in rows:
         key, length = split_row(row)
+        if key in in_flight:
+            continue
         length = length or study.entry_epochs
         missing = [s for s in seeds if s not in taken.get((key, length), set())]
         for seed in missing[:1] if adaptive else missing:
