@@ -309,6 +309,10 @@ def _round_due(queue: Queue, ostudy: optuna.Study) -> bool:
 def _wanted_rows(queue: Queue, ostudy: optuna.Study) -> list[str]:
     """The rows (configurations, or a configuration at a length) the policy wants one more run of."""
     study = queue.study
+    if study.spec.replicates.policy == "fixed" and len(study.spec.budget.ladder) == 1:
+        # every measured configuration, in the summary's order (parameters, then key): no posterior to fit
+        firsts = {key: t for (key, _, _), t in queue.reads.completed(ostudy).items()}
+        return sorted(firsts, key=lambda k: (int(firsts[k].user_attrs.get("params", 0)), k))
     summary = queue.reads.summary(ostudy, draws=None if study.spec.replicates.policy == "adaptive" else 0)
     return wanted(summary, len(study.seeds), study.spec.replicates, budgets=study.budgets(), decision=study.spec.decision,
                   baseline=study.space.baseline.key if study.space.baseline is not None else None)
