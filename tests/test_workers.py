@@ -377,3 +377,33 @@ def test_a_round_runs_beside_the_last_ones_trials_and_skips_only_configurations_
     assert study.queue.replicates(ostudy) == [(cfg.key, 2)] and len(asked) == 2  # at once, not after the other two
     study.queue.claim(ostudy)
     assert study.queue.replicates(ostudy) == [] and len(asked) == 2
+
+
+def test_fixed_replicates_want_the_summarys_rows_without_fitting_its_posterior(tmp_path: Path) -> None:
+    """`fixed` reads the completed runs, not a posterior fit: the same configurations, in the same order, as
+    the summary-based policy (those measured and short of the seeds; one at every seed is left out)."""
+    path = write_study(tmp_path, budget={**QUICK, "seeds": 2}, n_trials=3, sampler={"name": "random", "seed": 0},
+                       replicates={"policy": "fixed"})
+    study = load_study_spec(path)
+    ostudy = study.open()
+    LocalExecutor().run(study, ostudy)  # three configurations at both seeds
+    ostudy.enqueue_trial({"arch": next(k for k in study.configs if k not in study.reads.summary(ostudy, draws=0)["arch"].tolist())})
+    path = write_study(tmp_path, budget={**QUICK, "seeds": 3}, n_trials=4, sampler={"name": "random", "seed": 0},
+                       replicates={"policy": "fixed"})
+    study = load_study_spec(path)
+    ostudy = study.open()
+    assert study.queue.claim(ostudy) is not None
+    trial = ostudy.get_trials(states=(RUNNING,))[0]
+    attrs = study.evaluator.evaluate(study.configs[trial.params["arch"]], trial.number, seed=0)
+    for key, value in attrs.items():
+        storage_of(ostudy).set_trial_user_attr(trial_storage_id(trial), key, value)
+    ostudy.tell(trial.number, study.evaluator.values(attrs))  # a fourth configuration at one seed
+    summary = study.reads.summary(ostudy, draws=0)
+    expected = queue_module.wanted(summary, 3, study.spec.replicates)
+    assert queue_module._wanted_rows(study.queue, ostudy) == expected and len(expected) == 4
+    path = write_study(tmp_path, budget={**QUICK, "seeds": 2}, n_trials=4, sampler={"name": "random", "seed": 0},
+                       replicates={"policy": "fixed"})
+    study = load_study_spec(path)  # now three are at every seed
+    ostudy = study.open()
+    expected = queue_module.wanted(study.reads.summary(ostudy, draws=0), 2, study.spec.replicates)
+    assert queue_module._wanted_rows(study.queue, ostudy) == expected == [trial.params["arch"]]

@@ -14,6 +14,7 @@ import random
 import socket
 import threading
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -182,12 +183,9 @@ class Queue:
 
         A seed is taken once any trial of it is stored (a dead one is queued again by `requeue_dead`, or
         given up). `fixed` queues every missing seed of each measured configuration; `adaptive` and
-        `decide` one more run per configuration they want, once nothing is queued and the sampler has no
-        configuration left to start, on the results stored then, skipping a configuration whose run is in
-        flight (asked again when it ends). With one worker that is a round at a time, after every first
-        seed; with many, rounds overlap (as ASHA's promotions do), and no worker waits for a round's
-        slowest trial. The policy is read once per new result, outside the study's lock (a posterior fit
-        takes a good part of a second at a few hundred trials): other workers claim meanwhile.
+        `decide` one more run per configuration they want once nothing is queued and the sampler has
+        nothing left to start, skipping configurations in flight: with many workers rounds overlap (as
+        ASHA's promotions do). The policy reads each new set of results once, outside the study's lock.
         """
         with self._reading:
             with self.store.lock():
@@ -196,13 +194,7 @@ class Queue:
                 more = len(self.study.seeds) > 1 or len(self.study.spec.budget.ladder) > 1  # more seeds, or longer runs
                 if not more or not _round_due(self, ostudy):
                     return []
-            try:
-                rows = _wanted_rows(self, ostudy)
-            except BaseException:
-                self.evidence = None  # read again by the next call
-                raise
-            with self.store.lock():
-                return _queue_rows(self, ostudy, rows, self.study.seeds)
+            return _read_policy(self, ostudy)
 
     def verification(self, ostudy: optuna.Study, keys: list[str]) -> list[str]:
         """Queue configurations `recommend --verify` asks for; they run even once `n_trials` is reached.
@@ -249,8 +241,7 @@ class Queue:
         trials = current_trials(ostudy)
         waiting = [t for t in trials if t.state == _WAITING]
         extra = sum(runs_regardless(t) for t in waiting)
-        running = sum(t.state == _RUNNING and not runs_regardless(t) for t in trials)
-        left = max(0, self.to_measure(ostudy, trials) - running) + extra
+        left = max(0, self.to_start(ostudy, trials)) + extra
         return min(left, len(waiting)) if self.study.spec.sampler.name == "grid" else left
 
     def to_start(self, ostudy: optuna.Study, trials: list[optuna.trial.FrozenTrial]) -> int:
@@ -306,13 +297,26 @@ def _round_due(queue: Queue, ostudy: optuna.Study) -> bool:
     return True
 
 
+def _read_policy(queue: Queue, ostudy: optuna.Study) -> list[tuple[str, int]]:
+    """The policy's reading (outside the study's lock: other workers claim meanwhile), queued under it."""
+    try:
+        rows = _wanted_rows(queue, ostudy)
+    except BaseException:
+        queue.evidence = None  # read again by the next call
+        raise
+    with queue.store.lock():
+        return _queue_rows(queue, ostudy, rows, queue.study.seeds)
+
+
 def _wanted_rows(queue: Queue, ostudy: optuna.Study) -> list[str]:
     """The rows (configurations, or a configuration at a length) the policy wants one more run of."""
     study = queue.study
     if study.spec.replicates.policy == "fixed" and len(study.spec.budget.ladder) == 1:
-        # every measured configuration, in the summary's order (parameters, then key): no posterior to fit
-        firsts = {key: t for (key, _, _), t in queue.reads.completed(ostudy).items()}
-        return sorted(firsts, key=lambda k: (int(firsts[k].user_attrs.get("params", 0)), k))
+        # every measured configuration short of the seeds, in the summary's order (parameters, then key): no posterior to fit
+        runs = queue.reads.completed(ostudy)
+        seeds = Counter(key for key, _, _ in runs)
+        params = {key: int(t.user_attrs.get("params", 0)) for (key, _, _), t in runs.items()}
+        return sorted((k for k, n in seeds.items() if n < len(study.seeds)), key=lambda k: (params[k], k))
     summary = queue.reads.summary(ostudy, draws=None if study.spec.replicates.policy == "adaptive" else 0)
     return wanted(summary, len(study.seeds), study.spec.replicates, budgets=study.budgets(), decision=study.spec.decision,
                   baseline=study.space.baseline.key if study.space.baseline is not None else None)
