@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -110,11 +111,12 @@ def test_errors_are_one_line_with_exit_code_1(args: list[str], words: str, tmp_p
 
 @pytest.mark.slow
 def test_recommend_on_the_shipped_default_study_is_on_its_front(tmp_path: Path) -> None:
-    """The default study (one epoch per trial, not twenty) answers a budget with a front configuration."""
+    """The default study (one epoch per trial, not twenty) answers a budget with a measured configuration;
+    decided, its posterior mean is within the margin (1 point) of the best within the budget, as a decided
+    bound implies (not the best single trial: with two trials at once rounds overlap, and a lucky seed is
+    no answer)."""
     import yaml
 
-    from explorer.frame import trials_frame
-    from explorer.pareto import pareto_mask
     from explorer.study import load_study_spec
 
     doc = yaml.safe_load((ROOT / "studies" / "digits-vit-trade.yaml").read_text())
@@ -124,12 +126,14 @@ def test_recommend_on_the_shipped_default_study_is_on_its_front(tmp_path: Path) 
     path.write_text(yaml.safe_dump(doc))
     ok("run", path, "--no-dashboard")
     rec = ok("recommend", path, "--budget", "150k")
-    frame = trials_frame(load_study_spec(path).open(create=False))
-    done = frame[frame["state"] == "COMPLETE"]
-    front = done[pareto_mask(done[["accuracy", "params"]].to_numpy(float), ["maximize", "minimize"])]
-    within = front[front["params"] <= 150_000]
-    best = within.loc[within["accuracy"].idxmax()]
-    assert f"use {best['layers']} / {best['heads']}:" in rec and "measured" in rec, rec
+    study = load_study_spec(path)
+    summary = study.reads.summary(study.open(create=False))
+    within = summary[summary["params"] <= 150_000]
+    layers, heads = map(int, re.search(r"use (\d+) / (\d+):", rec).groups())
+    pick = within[(within["layers"] == layers) & (within["heads"] == heads)]
+    assert "measured" in rec and len(pick) == 1, rec
+    if "; decided" in rec.splitlines()[0]:  # (an undecided answer says by how much instead)
+        assert float(pick["mean"].iloc[0]) >= within["mean"].max() - 0.01, (rec, within[["arch", "mean", "n"]])
 
 
 def test_a_study_never_run_is_one_line_and_no_file_is_created(tiny_study: Path) -> None:

@@ -38,7 +38,7 @@ def test_dims_split_and_batches(tmp_path: Path) -> None:
     assert t.dims() == {"vocab": 257, "seq_len": 24, "num_classes": 2}
     data = t.load(batch_size=500, seed=0)
     (x_train, y_train), (x_eval, y_eval) = next(iter(data.train)), next(iter(data.eval))
-    assert len(x_train) == 270 and len(x_eval) == 30 and x_train.shape[1] == 24
+    assert len(x_train) == len(y_train) == 270 and len(x_eval) == 30 and x_train.shape[1] == 24
     assert set(y_eval.tolist()) == {0, 1}  # a seeded shuffle, not the file's sorted tail
     same = task(tmp_path / "r.tsv").load(batch_size=500, seed=5)
     assert torch.equal(next(iter(same.eval))[0], x_eval)  # the eval rows do not move with the training seed

@@ -199,6 +199,7 @@ class OptunaBridge(Searcher):
         read = False  # whether the replicate policy was read here since the last claim
         while True:
             with study.store.lock():  # one hold: one read of the storage, one write of what the claim and launch wrote
+                study.queue.requeue_dead(ostudy)  # a fault's retry, or a dead worker's run, goes before new proposals
                 claimed = None if study.reads.too_many_failures(ostudy) else study.queue.claim(ostudy)
                 if claimed is not None:
                     trial, cfg = claimed
