@@ -98,7 +98,8 @@ class _Link:
         """Have the replicate policy read the latest results (`Queue.replicates`) on this driver's policy
         thread, not on Tune's loop: a posterior fit takes a good part of a second at a few hundred trials,
         and every trial's start and end waits on that loop. Results that end during a fit are read
-        together by the next. `queued` is set after each reading: the searcher then claims at once."""
+        together by the next. `queued` is set when a reading queued runs (or failed): the searcher then
+        claims (or raises) at once rather than after its half second of quiet."""
         self._wake.set()
 
     def _replicating(self, study: Study, ostudy: optuna.Study, stop: threading.Event) -> None:
@@ -107,10 +108,11 @@ class _Link:
                 continue
             self._wake.clear()
             try:
-                study.queue.replicates(ostudy)  # also queues again the runs of trials that ended without a result
+                if study.queue.replicates(ostudy):
+                    self.queued.set()
             except Exception as err:  # noqa: BLE001  raised by the searcher's next `suggest`, on Tune's loop
                 self.policy_error = err
-            self.queued.set()
+                self.queued.set()
 
     def _heartbeat(self, ostudy: optuna.Study, stop: threading.Event) -> None:
         """Beat for every open trial, in one write, and store what their epochs reported since the last beat
