@@ -184,7 +184,7 @@ class OptunaBridge(Searcher):
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec: Any) -> bool:
         return True  # the space is the study's; nothing to take from Tune
 
-    quiet_until = 0.0  # no claim is tried again before then, unless a trial ends: Tune asks on every turn of its loop
+    quiet_until = 0.0  # no claim is tried again before then, unless a trial ends or the policy queued runs: Tune asks on every turn of its loop
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
         if time.monotonic() < self.quiet_until and not self.link.queued.is_set():
