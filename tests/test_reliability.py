@@ -304,11 +304,15 @@ def test_a_corrupted_journal_is_one_clear_error(tmp_path: Path) -> None:
 def test_sigkill_during_storage_writes_keeps_every_finished_trial(tmp_path: Path) -> None:
     """Kill a worker at random moments while it tells trials (a dozen writes each); after every kill the
     storage opens and holds each trial that was complete before it, unchanged."""
-    deep = {**TINY_SPACE, "free": {"layers": list(range(1, 11)), "heads": "divisors"}}  # 30 configurations to measure
-    path = write_study(tmp_path, space_doc=deep, budget=QUICK, sampler={"name": "random", "seed": 0}, n_trials=30)
+    # 120 configurations: four kill windows finished 16 to 30 trials here (30 of 30 once in CI, which then waited
+    # for a 31st); a study that still finishes first ends the loop rather than waiting on a trial never due
+    deep = {**TINY_SPACE, "free": {"layers": list(range(1, 41)), "heads": "divisors"}}
+    path = write_study(tmp_path, space_doc=deep, budget=QUICK, sampler={"name": "random", "seed": 0}, n_trials=120)
     rng = random.Random(7)
     seen: dict[int, tuple] = {}
     for _ in range(4):
+        if len(seen) == 120:
+            break
         proc = worker(path)
         wait_for_completed(path, len(seen) + 1)
         time.sleep(rng.uniform(0, 1.5))  # trials finish every fraction of a second: this lands in writes
