@@ -152,10 +152,10 @@ def kernel(hyper: Hyper, rows: Rows, mean: Mean, extra: np.ndarray | None = None
 
 
 def _nll(theta: np.ndarray, d2: np.ndarray, y: np.ndarray, noise: np.ndarray, prior: np.ndarray,
-         same: np.ndarray | None) -> tuple[float, np.ndarray]:
+         same: np.ndarray | None, gradient: bool = True) -> tuple[float, np.ndarray | None]:
     """Negative log marginal likelihood and its gradient in (log sf, log ell..., log tau); `prior` is the
     mean's covariance (explorer.gp.Mean), `noise` holds any deviation of a configuration's own beyond
-    `tau` (explorer.gp.deviations) too."""
+    `tau` (explorer.gp.deviations) too. Without `gradient` no inverse is formed (most of the cost)."""
     sf2, ell2, tau2 = np.exp(2 * theta[0]), np.exp(2 * theta[1:-1]), np.exp(2 * theta[-1])
     r, dr = _shape(np.tensordot(1 / ell2, d2, axes=1)) if len(ell2) else (np.ones((len(y), len(y))), None)
     k = prior + sf2 * r + (tau2 * np.eye(len(y)) if same is None else tau2 * same) + noise
@@ -165,6 +165,8 @@ def _nll(theta: np.ndarray, d2: np.ndarray, y: np.ndarray, noise: np.ndarray, pr
         return 1e10, np.zeros_like(theta)
     alpha = linalg.cho_solve(chol, y, check_finite=False)
     nll = 0.5 * y @ alpha + np.log(np.diag(chol[0])).sum()
+    if not gradient:
+        return float(nll), None
     w = linalg.cho_solve(chol, np.eye(len(y)), check_finite=False) - np.outer(alpha, alpha)
     grad = np.empty_like(theta)
     grad[0] = np.sum(w * sf2 * r)
@@ -217,7 +219,7 @@ def posterior(hyper: Hyper, mean: Mean, rows: Rows, seen: np.ndarray, y: np.ndar
 
 def evidence(hyper: Hyper, mean: Mean, rows: Rows, y: np.ndarray, noise: np.ndarray) -> float:
     """The log marginal likelihood of means `y` at `rows` (up to a constant; `noise` as in `_nll`)."""
-    nll, _ = _nll(hyper.theta(), _sq(rows.x, rows.x), y - y.mean(), noise, mean.cov(rows, rows), rows.same)
+    nll, _ = _nll(hyper.theta(), _sq(rows.x, rows.x), y - y.mean(), noise, mean.cov(rows, rows), rows.same, gradient=False)
     return -nll
 
 

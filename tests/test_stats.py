@@ -347,3 +347,40 @@ def test_the_posterior_is_one_object_shared_by_every_reader() -> None:
     assert isinstance(post, posterior.Posterior) and t.sort_values("mean").attrs["posterior"] is post
     i = post.index["c00"]
     assert t.set_index("arch").loc["c00", "mean"] == pytest.approx(post.mean[i])
+
+
+def test_a_summary_row_holds_its_own_runs_and_its_first_run_s_dimensions() -> None:
+    """Each configuration's seeds, values and other objectives come from its own runs (a repeated
+    (configuration, seed): its first run), its dimensions from its first stored run (a missing one stays missing)."""
+    three = [("time", "minimize"), *OBJECTIVES]
+    df = pd.DataFrame([
+        {"number": 0, "state": "COMPLETE", "arch": "b", "seed": 1, "params": 20, "accuracy": 0.7, "time": 4.0, "layers": 2},
+        {"number": 1, "state": "COMPLETE", "arch": "a", "seed": 0, "params": 10, "accuracy": 0.6, "time": 1.0, "layers": pd.NA},
+        {"number": 2, "state": "COMPLETE", "arch": "b", "seed": 0, "params": 20, "accuracy": 0.9, "time": 2.0, "layers": 2},
+        {"number": 3, "state": "FAIL", "arch": "a", "seed": 1, "params": 10, "accuracy": np.nan, "time": 9.0, "layers": pd.NA},
+        {"number": 4, "state": "COMPLETE", "arch": "a", "seed": 0, "params": 10, "accuracy": 0.5, "time": 3.0, "layers": pd.NA},
+    ]).astype({"layers": "Int64"})
+    t = stats.summarize(df, "accuracy", three, draws=0).set_index("arch")
+    assert t.loc["b", "seeds"] == [0, 1] and t.loc["b", "values"] == [0.9, 0.7] and t.loc["b", "n"] == 2
+    assert t.loc["b", "time"] == pytest.approx(3.0) and t.loc["b", "layers"] == 2
+    assert t.loc["a", "seeds"] == [0] and t.loc["a", "time"] == pytest.approx(1.0) and pd.isna(t.loc["a", "layers"])
+    assert t.loc["a", "values"] == [0.6]  # trial 4 repeats trial 1's seed
+
+
+def test_the_evidence_is_the_likelihood_the_fit_maximises_and_its_gradient_is_the_likelihood_s() -> None:
+    """`evidence` skips the gradient (and the inverse it needs): the same value as the fit's objective,
+    whose analytic gradient matches central differences."""
+    from explorer import gp
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(30, 2))
+    rows, y, noise_cov = gp.Rows.of(x), rng.normal(size=30), np.diag(rng.uniform(0.05, 0.2, 30))
+    hyper, mean = gp.fit(rows, y, noise_cov)
+    args = (gp._sq(x, x), y - y.mean(), noise_cov, mean.cov(rows, rows), rows.same)
+    value, grad = gp._nll(hyper.theta(), *args)
+    assert gp.evidence(hyper, mean, rows, y, noise_cov) == -value
+    theta = np.log([0.7, 0.9, 1.3, 0.2])
+    _, grad = gp._nll(theta, *args)
+    step = 1e-6
+    numeric = [(gp._nll(theta + step * e, *args)[0] - gp._nll(theta - step * e, *args)[0]) / (2 * step) for e in np.eye(4)]
+    assert grad == pytest.approx(numeric, rel=1e-4, abs=1e-6)
