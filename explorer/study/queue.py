@@ -305,7 +305,7 @@ def _read_policy(queue: Queue, ostudy: optuna.Study) -> list[tuple[str, int]]:
         queue.evidence = None  # read again by the next call
         raise
     with queue.store.lock():
-        return _queue_rows(queue, ostudy, rows, queue.study.seeds)
+        return _queue_rows(queue, ostudy, rows)
 
 
 def _wanted_rows(queue: Queue, ostudy: optuna.Study) -> list[str]:
@@ -322,7 +322,7 @@ def _wanted_rows(queue: Queue, ostudy: optuna.Study) -> list[str]:
                   baseline=study.space.baseline.key if study.space.baseline is not None else None)
 
 
-def _queue_rows(queue: Queue, ostudy: optuna.Study, rows: list[str], seeds: list[int]) -> list[tuple[str, int]]:
+def _queue_rows(queue: Queue, ostudy: optuna.Study, rows: list[str]) -> list[tuple[str, int]]:
     """Queue the policy's `rows` against the storage as it is now (under the lock): only seeds no trial has
     taken, and for `adaptive` and `decide` one run per configuration not already in flight (queued or
     running: its own result, or another worker's round, comes first)."""
@@ -342,7 +342,7 @@ def _queue_rows(queue: Queue, ostudy: optuna.Study, rows: list[str], seeds: list
         if key in in_flight:
             continue
         length = length or study.entry_epochs
-        missing = [s for s in seeds if s not in taken.get((key, length), set())]
+        missing = [s for s in study.seeds if s not in taken.get((key, length), set())]
         for seed in missing[:1] if adaptive else missing:
             enqueue(study, ostudy, {"arch": key}, seed=seed, replicate=True,
                     **({"epochs": length} if len(budget.ladder) > 1 else {}))
