@@ -138,10 +138,11 @@ def explorer_run(folder: Path, seconds: float, trials: int, gpus: int, storage: 
     writes = sum(1 for _ in journal.open()) if journal else commits["commit"] - before
     first = [t for t in trained if not t.user_attrs.get("replicate")]  # before the replicate policy's first round
     until = (max(t.datetime_complete for t in first) - began).total_seconds()
-    return {"wall": wall, "trials": len(trained), "busy": len(trained) * seconds / (gpus * wall),
+    return {"wall": wall, "trials": len(trained), "gpus": gpus, "busy": len(trained) * seconds / (gpus * wall),
             "busy_first": len(first) * seconds / (gpus * until),
             "twice": sum(n > 1 for n in pairs.values()), "running": len(ostudy.get_trials(states=(optuna.trial.TrialState.RUNNING,))),
             "replicates": sum(bool(t.user_attrs.get("replicate")) for t in trained),
+            "inside": statistics.median(float(t.user_attrs["trial_time_s"]) for t in trained),
             "suggest_ms": 1e3 * statistics.median(driver.launches or [0]),
             "driver_ms": 1e3 * sum(map(sum, driver.calls.values())) / max(1, len(trained)), "writes": writes / wall,
             "writes_name": "log records/s" if journal else "transactions/s"}
@@ -165,8 +166,9 @@ def tune_run(folder: Path, seconds: float, trials: int, gpus: int) -> dict[str, 
     start = time.perf_counter()
     results = tuner.fit()
     wall = time.perf_counter() - start
-    done = sum(1 for r in results if r.metrics and r.metrics.get("epoch") == EPOCHS)
-    return {"wall": wall, "trials": done, "busy": done * seconds / (gpus * wall)}
+    ended = [r.metrics for r in results if r.metrics and r.metrics.get("epoch") == EPOCHS]
+    return {"wall": wall, "trials": len(ended), "gpus": gpus, "busy": len(ended) * seconds / (gpus * wall),
+            "inside": statistics.median(m["time_total_s"] for m in ended)}
 
 
 MARK = f"EXPLORER_BENCH_CLUSTER={os.getpid()}"  # in this cluster's workers' environment: other Rays on the host are not sampled
@@ -255,14 +257,17 @@ def main() -> None:
 
 
 def print_row(seconds: float, name: str, r: dict[str, Any]) -> None:
+    # a GPU's seconds per trial (GPUs x wall / trials), of which the trial function's own (median): the rest is
+    # between trials (the driver, Tune's scheduling, a worker's start)
+    slot = f"a GPU's {r['wall'] * r['gpus'] / max(1, r['trials']):.1f} s a trial, {r['inside']:.1f} s inside it"
     if name == "tune":
-        print(f"T={seconds:g}s  {'ray tune + OptunaSearch':<24} busy {r['busy']:.3f}  wall {r['wall']:7.1f} s  trials {r['trials']}",
+        print(f"T={seconds:g}s  {'ray tune + OptunaSearch':<24} busy {r['busy']:.3f}  wall {r['wall']:7.1f} s  trials {r['trials']}  {slot}",
               flush=True)
         return
     print(f"T={seconds:g}s  {'explorer, ' + name:<24} busy {r['busy']:.3f}  wall {r['wall']:7.1f} s  trials {r['trials']} "
           f"({r['replicates']} replicates; busy {r['busy_first']:.3f} until the first round)  suggest {r['suggest_ms']:.1f} ms  "
           f"driver {r['driver_ms']:.1f} ms/trial  "
-          f"{r['writes']:.1f} {r['writes_name']}  trained twice {r['twice']}  left running {r['running']}", flush=True)
+          f"{r['writes']:.1f} {r['writes_name']}  trained twice {r['twice']}  left running {r['running']}  {slot}", flush=True)
 
 
 def summarize(rows: list[tuple[float, str, dict[str, Any]]], memory: list[tuple[float, float]], args: argparse.Namespace,
