@@ -15,6 +15,8 @@ Per T and storage it prints the GPUs' busy share (trial seconds / (GPUs x wall),
 to its end, Ray's worker start-up included for both), the driver's cost per trial (time Tune's thread
 spent in explorer's searcher per trial, all calls; `suggest`: the median of those that started a trial), the storage's transactions per
 second, and checks the storage afterwards: every (configuration, seed) trained once, nothing left RUNNING.
+Each row also splits a GPU's seconds per trial (GPUs x wall / trials) into the median time inside a trial's
+function (Ray's `time_total_s`, for both) and the rest, between trials.
 The last line:  cluster busy@2s B busy@10s B10 suggest_ms S tune_busy@2s T
 (SQLite's figures; `--storages` picks others, PostgreSQL on a throwaway server as .ci/run starts one).
 
@@ -28,6 +30,8 @@ import argparse
 import contextlib
 import cProfile
 import datetime
+import json
+import math
 import os
 import pstats
 import signal
@@ -142,7 +146,7 @@ def explorer_run(folder: Path, seconds: float, trials: int, gpus: int, storage: 
             "busy_first": len(first) * seconds / (gpus * until),
             "twice": sum(n > 1 for n in pairs.values()), "running": len(ostudy.get_trials(states=(optuna.trial.TrialState.RUNNING,))),
             "replicates": sum(bool(t.user_attrs.get("replicate")) for t in trained),
-            "inside": statistics.median(float(t.user_attrs["trial_time_s"]) for t in trained),
+            "inside": statistics.median(ray_seconds(folder / "ray-results")),
             "suggest_ms": 1e3 * statistics.median(driver.launches or [0]),
             "driver_ms": 1e3 * sum(map(sum, driver.calls.values())) / max(1, len(trained)), "writes": writes / wall,
             "writes_name": "log records/s" if journal else "transactions/s"}
@@ -166,9 +170,20 @@ def tune_run(folder: Path, seconds: float, trials: int, gpus: int) -> dict[str, 
     start = time.perf_counter()
     results = tuner.fit()
     wall = time.perf_counter() - start
-    ended = [r.metrics for r in results if r.metrics and r.metrics.get("epoch") == EPOCHS]
-    return {"wall": wall, "trials": len(ended), "gpus": gpus, "busy": len(ended) * seconds / (gpus * wall),
-            "inside": statistics.median(m["time_total_s"] for m in ended)}
+    done = sum(1 for r in results if r.metrics and r.metrics.get("epoch") == EPOCHS)
+    return {"wall": wall, "trials": done, "gpus": gpus, "busy": done * seconds / (gpus * wall),
+            "inside": statistics.median(ray_seconds(folder / "tune-results"))}
+
+
+def ray_seconds(root: Path) -> list[float]:
+    """Each Ray trial's time in its function (`time_total_s` of its last result), from the result files Tune
+    writes under `root`: measured the same way for explorer's trials and plain Tune's."""
+    out = []
+    for path in root.rglob("result.json"):
+        lines = path.read_text().splitlines()
+        if lines:
+            out.append(float(json.loads(lines[-1])["time_total_s"]))
+    return out or [math.nan]
 
 
 MARK = f"EXPLORER_BENCH_CLUSTER={os.getpid()}"  # in this cluster's workers' environment: other Rays on the host are not sampled
@@ -257,8 +272,7 @@ def main() -> None:
 
 
 def print_row(seconds: float, name: str, r: dict[str, Any]) -> None:
-    # a GPU's seconds per trial (GPUs x wall / trials), of which the trial function's own (median): the rest is
-    # between trials (the driver, Tune's scheduling, a worker's start)
+    # the rest of a GPU's seconds per trial is between trials: the driver, Tune's scheduling, a worker's start
     slot = f"a GPU's {r['wall'] * r['gpus'] / max(1, r['trials']):.1f} s a trial, {r['inside']:.1f} s inside it"
     if name == "tune":
         print(f"T={seconds:g}s  {'ray tune + OptunaSearch':<24} busy {r['busy']:.3f}  wall {r['wall']:7.1f} s  trials {r['trials']}  {slot}",
