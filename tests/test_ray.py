@@ -328,7 +328,7 @@ def _check_resumed(ostudy: optuna.Study, before: dict[int, tuple], n_trials: int
     after = finished(ostudy)
     assert {n: after[n] for n in before} == before  # finished before the kill: unchanged
     archs = [arch for arch, _, _ in after.values()]
-    states = [(t.number, t.state.name, t.params.get("arch"), t.user_attrs.get("retry_of"), t.system_attrs.get("failed_trial")) for t in ostudy.trials]
+    states = [(t.number, t.state.name, t.params.get("arch"), t.user_attrs.get("retry_of"), t.system_attrs.get("failed_trial"), t.user_attrs.get("fail_reason")) for t in ostudy.trials]
     assert len(archs) == len(set(archs)) == n_trials, states  # nothing completed twice; n_trials reached
 
 
