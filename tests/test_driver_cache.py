@@ -210,3 +210,31 @@ def test_the_replicate_policy_is_read_off_the_searchers_thread_and_its_runs_are_
     assert set(runs.values()) == {1} and not [t for t in trials if t.state == RUNNING]
     assert any(t.user_attrs.get("replicate") for t in trials if t.state == COMPLETE)
     assert {name for name in readers if name != threading.current_thread().name}  # read beside the searcher's thread
+
+
+def test_a_restored_driver_leaves_a_trial_that_ended_after_its_snapshot_as_stored(tmp_path: Path) -> None:
+    """`Tuner.restore` resumes the trials of the experiment's last snapshot. A trial that ended after it (the
+    driver died before the next) is run again by Tune; the restored searcher writes nothing of that run over
+    its stored result, neither its epochs nor its end (CI saw `UpdateFinishedTrialError` from its first epoch)."""
+    path = study_at(tmp_path, lambda: None, replicates={"policy": "fixed"}, budget={"epochs": 2, "seeds": 1})
+    study = load_study_spec(path)
+    link = _Link(study, study.open())
+    bridge = OptunaBridge(link)
+    config = bridge.suggest("a")
+    bridge.save(str(tmp_path / "searcher.pkl"))  # Tune's snapshot, taken while "a" runs
+    cfg = study.configs[config["arch"]]
+    attrs = study.evaluator.evaluate(cfg, config["lineage"], None, "cpu", seed=config["seed"])
+    bridge.on_trial_result("a", {"epoch": 1, "accuracy": attrs["curve"][0]})
+    bridge.on_trial_complete("a", {"attrs": json.dumps(attrs)})
+    link._beating.set()  # the driver dies
+    before = stored(path)
+
+    restored = OptunaBridge(link)
+    restored.restore(str(tmp_path / "searcher.pkl"))
+    restored.on_trial_result("a", {"epoch": 1, "accuracy": 0.125})  # Tune's rerun of "a"
+    restored.on_trial_complete("a", {"attrs": json.dumps({**attrs, "accuracy": 0.125, "curve": [0.125, 0.125]})})
+    assert stored(path) == before
+    assert config["optuna_number"] not in restored.link.open_trials
+    nxt = restored.suggest("b")  # and the study goes on
+    assert isinstance(nxt, dict) and nxt["optuna_number"] != config["optuna_number"]
+    restored.link.release()

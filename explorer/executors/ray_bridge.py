@@ -319,6 +319,13 @@ class OptunaBridge(Searcher):
         self.running = state.get("running") or {  # a searcher saved before `running` was kept: from storage, once
             rid: (t.params["arch"], study.seed_of(t)) for rid, n in self.ray_ids.items()
             for t in [storage_of(ostudy).get_trial(self.link.open_trials[n])] if n in self.link.open_trials}
+        # A trial that ended after this snapshot was taken (the driver died before the next) is no longer this
+        # driver's: Tune resumes it from its checkpoint, and what that run reports is not written over its result.
+        for number, trial_id in list(self.link.open_trials.items()):
+            if stored_state(storage_of(ostudy), trial_id) in _FINISHED:
+                del self.link.open_trials[number]
+                self.held.pop(number, None)
+                self.curves.pop(number, None)
 
 
 class BinnedScheduler(FIFOScheduler):
