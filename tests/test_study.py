@@ -145,6 +145,36 @@ def test_nan_trial_fails_with_reason_and_the_study_goes_on(tmp_path: Path) -> No
     assert len(failed) == 2 and all("nan" in t.user_attrs["fail_reason"] or "inf" in t.user_attrs["fail_reason"] for t in failed)
 
 
+@pytest.mark.parametrize("seeds", [1, 2])  # 2: the seeds train as one model (explorer.executors.seedgroups)
+def test_a_storage_that_fails_as_an_epoch_is_stored_fails_no_configuration(tmp_path: Path, seeds: int,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A database restarting mid-trial (seen under load in test_postgres) made storing an epoch raise, and the
+    trial was stored as failed by itself: its configuration given up. The run now stops with the storage's
+    one line, the trial is failed without a reason, and the next run trains it."""
+    import explorer.executors.local as local
+
+    path = write_study(tmp_path, budget={"epochs": 2, "batch_size": 128, "lr": 0.003, "seed": 0, "seeds": seeds},
+                       replicates={"policy": "fixed"}, n_trials=2)
+    calls = {"n": 0}
+    real = local.flush_due
+
+    def failing(storage, seconds=1.0):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise optuna.exceptions.StorageInternalError("An exception is raised during the commit.")
+        return real(storage, seconds)
+
+    monkeypatch.setattr(local, "flush_due", failing)
+    with pytest.raises(ExplorerError, match="storage"):
+        run(path)
+    ostudy = load_study_spec(path).open(create=False)
+    failed = ostudy.get_trials(states=(optuna.trial.TrialState.FAIL,))
+    assert failed and not [t for t in failed if "fail_reason" in t.user_attrs], [t.user_attrs for t in failed]
+    ostudy = run(path)
+    done = [(t.params["arch"], t.user_attrs.get("seed", 0)) for t in ostudy.get_trials(states=(optuna.trial.TrialState.COMPLETE,))]
+    assert len(done) == len(set(done)) == 2 * seeds and not ostudy.get_trials(states=(optuna.trial.TrialState.RUNNING,))
+
+
 def test_max_failures_stops_the_study(tmp_path: Path) -> None:
     path = write_study(tmp_path, budget={"epochs": 1, "batch_size": 128, "lr": 1e12, "seed": 0, "grad_clip": None}, max_failures=2)
     with pytest.raises(ExplorerError, match="stopped after 2 failed trials"):

@@ -114,16 +114,20 @@ class Evaluator:
         # another run's checkpoint is not resumed
         ckpt = checkpoints.claim(checkpoint_dir or study.checkpoint_dir(cfg, lineage), owner)
         start = time.perf_counter()
+        raised: list[BaseException] = []  # what `on_epoch` raised: the worker's (its storage failed), not the configuration's
         try:
             with time_limit(study.spec.trial_timeout_s):
-                result = trainer(study.task)(cfg.family, cfg.dims, study.task, budget, callback=on_epoch, checkpoint_dir=ckpt,
-                                             device=device, checkpoint_every_s=study.spec.executor.checkpoint_every_s)
+                result = trainer(study.task)(cfg.family, cfg.dims, study.task, budget, callback=_noting(on_epoch, raised),
+                                             checkpoint_dir=ckpt, device=device,
+                                             checkpoint_every_s=study.spec.executor.checkpoint_every_s)
         except (KeyboardInterrupt, TrialReclaimed):  # kept: the resumed trial (or the retry) continues from its checkpoint
             raise
         except (optuna.TrialPruned, ExplorerError, SystemExit):
             checkpoints.remove(ckpt)
             raise
         except Exception as err:
+            if any(err is e for e in raised):  # not a measurement: it passes as it is, its checkpoint kept for the retry
+                raise
             failure = classify(err, shared=shared() if callable(shared) else shared)
             if not isinstance(failure, Fault):  # a fault keeps its checkpoint: its retry resumes it
                 checkpoints.remove(ckpt)
@@ -214,6 +218,23 @@ class Evaluator:
         key, length = current_key(ostudy), study.length_of(trials[number])
         current = [t for t in trials if is_current(t, key) and study.length_of(t) == length]  # curves of one length
         return study.pruner.should_prune(epoch, value, cfg.params, peers(current, number), cfg.key)
+
+
+def _noting(on_epoch: Callable[[int, dict[str, float]], None] | None,
+            raised: list[BaseException]) -> Callable[[int, dict[str, float]], None] | None:
+    """`on_epoch`, noting in `raised` what it raises: storing an epoch can fail (a database restarting, a
+    Ray report), and that says nothing about the configuration, which `evaluate` must not record as failed."""
+    if on_epoch is None:
+        return None
+
+    def noted(epoch: int, metrics: dict[str, float]) -> None:
+        try:
+            on_epoch(epoch, metrics)
+        except Exception as err:
+            raised.append(err)
+            raise
+
+    return noted
 
 
 def trainer(task: Task) -> Callable[..., TrialResult]:
