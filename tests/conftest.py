@@ -39,6 +39,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     """Point $HOME and the temp dir at empty folders beside pytest's own base temp, all in memory (/dev/shm)
     where the machine has room: every study writes its storage (SQLite, journal, PostgreSQL's data) and its
     checkpoints there, and a commit's fsync on a busy disk took 10-20 ms (issue 34: a third of test_study.py)."""
+    if hasattr(session.config, "workerinput"):
+        return  # a pytest-xdist worker: its controller set all this up before starting it, and checks it at the end
     factory = session.config._tmp_path_factory  # pytest's tmp_path_factory; no public handle before the first test
     memory = Path("/dev/shm")
     if "PYTEST_DEBUG_TEMPROOT" not in os.environ and memory.is_dir() and os.access(memory, os.W_OK):
@@ -62,6 +64,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Fail the run if a test left anything in the session's home or temp dir; remove both either way."""
+    if hasattr(session.config, "workerinput"):
+        return  # the controller checks once every worker is done
     left = []
     for name, path in _OWN.items():
         entries = sorted(os.listdir(path))

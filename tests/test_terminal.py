@@ -155,12 +155,13 @@ def test_status_and_recommend_read_the_same_at_80_and_120_columns(replicated: Pa
 
 def test_run_params_and_export_read_the_same_at_80_and_120_columns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = write_study(tmp_path / "s", budget=QUICK, n_trials=2)
+    monkeypatch.chdir(tmp_path)
     narrow = shown_at(80, "run", path, "--no-dashboard", monkeypatch=monkeypatch)  # trains; the second run reads only
     wide = shown_at(10_000, "run", path, "--no-dashboard", monkeypatch=monkeypatch)
     assert_fits(narrow, 80)
     assert words(narrow) == words(wide) and "2/2 configurations measured, 2 runs" in wide
     for args in (["params", ROOT / "spaces" / "crammed-bert.yaml"], ["params", "--family", "crammed-bert"],
-                 ["export", path, "--out", tmp_path / "t.csv"]):
+                 ["export", path, "--out", "t.csv"]):  # relative: a long temp path (pytest-xdist's) is wrapped at 80
         narrow, wide = shown_at(80, *args, monkeypatch=monkeypatch), shown_at(120, *args, monkeypatch=monkeypatch)
         assert_fits(narrow, 80)
         assert words(narrow) == words(wide), (narrow, wide)
