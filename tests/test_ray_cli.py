@@ -104,10 +104,11 @@ def test_a_study_on_a_cli_cluster_survives_its_worker_node_stopping(head: tuple[
         path = write_study(tmp_path, FOUR, budget=budget, executor=EXECUTOR)
         driver = subprocess.Popen([sys.executable, "-m", "explorer.cli", "run", str(path), "--address", address, "--no-dashboard"],
                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        while True:  # until a trial on the worker node has checkpointed an epoch
+        while True:  # until a trial on the worker node has reported an epoch and trains still
             assert driver.poll() is None, driver.stdout.read()
-            rows = _results(tmp_path / "ray-results")
-            there = [r["pid"] for r in rows if r.get("epoch", 0) >= 2 and _descends_from(r["pid"], worker.pid)]
+            rows = _results(tmp_path / "ray-results")  # written by the driver, which can lag by seconds under load:
+            there = [r["pid"] for r in rows if r.get("epoch", 0) >= 1 and _descends_from(r["pid"], worker.pid)
+                     and _training(r["pid"])]  # so whether the trial still trains is read from its process
             if there:
                 break
             time.sleep(0.2)
@@ -156,6 +157,14 @@ def _results(root: Path) -> list[dict]:
     for f in root.glob("*/*/result.json"):
         rows += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
     return rows
+
+
+def _training(pid: int) -> bool:
+    """Whether Ray worker `pid` runs a trial now (Ray titles it `ray::ImplicitFunc.train`; `ray::IDLE` between trials)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::ImplicitFunc.train")
+    except OSError:
+        return False
 
 
 def _descends_from(pid: int, ancestor: int) -> bool:
