@@ -2,7 +2,8 @@
 
 The suite runs as on a fresh machine and must leave nothing behind: for the session, $HOME and the
 system temp dir ($TMPDIR, `tempfile`, Ray's session files) are empty folders of its own, the timm
-count cache lives under pytest's temp dir, and a run that left anything in either folder fails.
+count cache lives under pytest's temp dir, and a run that left anything in either folder fails. Under
+pytest-xdist (two workers, pyproject.toml) the controller makes both folders and checks them at the end.
 Comparing the real /tmp and home before and after would flake: other programs write there meanwhile.
 """
 
