@@ -317,7 +317,10 @@ def _kill_driver_mid_study(path: Path, cluster: Cluster, storage: str) -> tuple[
             if any(t.state == COMPLETE for t in trials) and live:
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
-                return finished(optuna.load_study(study_name="tiny", storage=storage)), live[0]
+                after = optuna.load_study(study_name="tiny", storage=storage)  # read after the kill: nothing ends in between
+                running = after.trials[live[0].number]
+                assert running.state == optuna.trial.TrialState.RUNNING, f"trial {running.number} ended before the kill landed"
+                return finished(after), running
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -334,7 +337,7 @@ def _check_resumed(ostudy: optuna.Study, before: dict[int, tuple], n_trials: int
 
 @pytest.mark.slow
 def test_killed_driver_resumed_with_explorer_resume(cluster: Cluster, tmp_path: Path) -> None:
-    budget = {"epochs": 4, "batch_size": 16, "lr": 0.003, "seed": 0}
+    budget = {"epochs": 8, "batch_size": 16, "lr": 0.003, "seed": 0}  # 6 epochs to go at the kill: its curve is stored a second late
     path = write_study(tmp_path, FOUR, n_trials=4, budget=budget, executor={**RAY, "max_concurrent": 1})
     storage = f"sqlite:///{tmp_path / 'tiny.db'}"
     before, running = _kill_driver_mid_study(path, cluster, storage)
@@ -350,7 +353,7 @@ def test_killed_driver_resumed_with_explorer_resume(cluster: Cluster, tmp_path: 
 
 @pytest.mark.slow
 def test_killed_driver_resumed_with_tuner_restore(cluster: Cluster, tmp_path: Path) -> None:
-    budget = {"epochs": 4, "batch_size": 16, "lr": 0.003, "seed": 0}
+    budget = {"epochs": 8, "batch_size": 16, "lr": 0.003, "seed": 0}
     path = write_study(tmp_path, FOUR, n_trials=4, budget=budget, heartbeat_s=60, executor={**RAY, "max_concurrent": 1})
     storage = f"sqlite:///{tmp_path / 'tiny.db'}"
     before, running = _kill_driver_mid_study(path, cluster, storage)
@@ -360,4 +363,4 @@ def test_killed_driver_resumed_with_tuner_restore(cluster: Cluster, tmp_path: Pa
     ostudy = optuna.load_study(study_name="tiny", storage=storage)
     _check_resumed(ostudy, before, 4)
     resumed = ostudy.trials[running.number]  # the same Optuna trial, continued by the restored Tuner
-    assert resumed.state == COMPLETE and len(resumed.user_attrs["curve"]) == 4
+    assert resumed.state == COMPLETE and len(resumed.user_attrs["curve"]) == 8
