@@ -13,6 +13,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -60,6 +61,15 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"  # else importing mlflow writes an installation id under $HOME
     os.environ["EXPLORER_CACHE_DIR"] = str(base / "explorer-cache")
     tempfile.tempdir = None  # read $TMPDIR again
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files with the most slow tests first, each file's tests in their own order: pytest-xdist hands out files
+    in this order, so the long files no longer run last on one worker while the other waits (alphabetically
+    they were near the end: test_ray, test_reliability, test_stress, test_tracking)."""
+    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
+    first_seen = {path: i for i, path in enumerate(dict.fromkeys(item.path for item in items))}
+    items.sort(key=lambda item: (-slow[item.path], first_seen[item.path]))
 
 
 @pytest.hookimpl(trylast=True)
