@@ -106,9 +106,10 @@ def test_a_study_on_a_cli_cluster_survives_its_worker_node_stopping(head: tuple[
                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         while True:  # until a trial on the worker node has reported an epoch and trains still
             assert driver.poll() is None, driver.stdout.read()
-            rows = _results(tmp_path / "ray-results")  # written by the driver, which can lag by seconds under load:
-            there = [r["pid"] for r in rows if r.get("epoch", 0) >= 1 and _descends_from(r["pid"], worker.pid)
-                     and _training(r["pid"])]  # so whether the trial still trains is read from its process
+            # the rows are written by the driver, which can lag by seconds under load: whether the trial still
+            # trains (not the next one on the same reused worker) is read from its process
+            there = [pid for trial, pid in _reported(tmp_path / "ray-results") if _descends_from(pid, worker.pid)
+                     and _training(pid) == trial]
             if there:
                 break
             time.sleep(0.2)
@@ -159,12 +160,24 @@ def _results(root: Path) -> list[dict]:
     return rows
 
 
-def _training(pid: int) -> bool:
-    """Whether Ray worker `pid` runs a trial now (Ray titles it `ray::ImplicitFunc.train`; `ray::IDLE` between trials)."""
+def _reported(root: Path) -> list[tuple[str, int]]:
+    """(trial folder name, worker pid) for each trial that reported an epoch, by the driver's result rows."""
+    out = []
+    for f in root.glob("*/*/result.json"):
+        rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        out += sorted({(f.parent.name, r["pid"]) for r in rows if r.get("epoch", 0) >= 1})
+    return out
+
+
+def _training(pid: int) -> str | None:
+    """The trial Ray worker `pid` trains now, by its working folder (named as the trial's folder of results);
+    None between trials (Ray titles it `ray::IDLE`, not `ray::ImplicitFunc.train`)."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::ImplicitFunc.train")
+        if not Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::ImplicitFunc.train"):
+            return None
+        return Path(os.readlink(f"/proc/{pid}/cwd")).name
     except OSError:
-        return False
+        return None
 
 
 def _descends_from(pid: int, ancestor: int) -> bool:
