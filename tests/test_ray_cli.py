@@ -154,19 +154,16 @@ def test_ray_client_is_refused_in_one_line_before_anything_is_written(env: dict[
 
 
 def _results(root: Path) -> list[dict]:
+    """The driver's result rows of every trial, each with its trial's folder name (`folder`)."""
     rows = []
     for f in root.glob("*/*/result.json"):
-        rows += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        rows += [{**json.loads(line), "folder": f.parent.name} for line in f.read_text().splitlines() if line.strip()]
     return rows
 
 
 def _reported(root: Path) -> list[tuple[str, int]]:
     """(trial folder name, worker pid) for each trial that reported an epoch, by the driver's result rows."""
-    out = []
-    for f in root.glob("*/*/result.json"):
-        rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
-        out += sorted({(f.parent.name, r["pid"]) for r in rows if r.get("epoch", 0) >= 1})
-    return out
+    return sorted({(r["folder"], r["pid"]) for r in _results(root) if r.get("epoch", 0) >= 1})
 
 
 def _training(pid: int) -> str | None:

@@ -109,10 +109,9 @@ def _end(study: Study, ostudy: optuna.Study, trial: optuna.Trial, outcome: dict[
         frozen = _tell(ostudy, trial, state=optuna.trial.TrialState.PRUNED)
     elif isinstance(outcome, TrialReclaimed):
         frozen = None  # another worker failed it as dead: its retry records it
-    elif isinstance(outcome, TrialFailed):
-        trial.set_user_attr("fail_reason", str(outcome))
-        frozen = _tell(ostudy, trial, state=optuna.trial.TrialState.FAIL)
-    elif isinstance(outcome, BaseException):  # its epoch's callback failed (the storage): not a measurement, run again
+    elif isinstance(outcome, BaseException):
+        if isinstance(outcome, TrialFailed):  # else its epoch's callback failed (the storage): not a measurement, run again
+            trial.set_user_attr("fail_reason", str(outcome))
         frozen = _tell(ostudy, trial, state=optuna.trial.TrialState.FAIL)
     else:
         for key, value in outcome.items():
