@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -74,13 +75,34 @@ class Budget(BaseModel):
         rungs = [r for r in self.ladder if r <= length] if self.lr_schedule == "wsd" else [length]
         return self.model_copy(update={"epochs": rungs if len(rungs) > 1 else rungs[0], "schedule": self.lr_schedule})
 
-    def compute(self, length: int) -> int:
-        """Epochs a run of `length` trains: under wsd its length plus each shorter rung's cooldown branch."""
+    def compute(self, length: int, after: int | None = None) -> int:
+        """Epochs a run of `length` trains: under wsd its length plus each shorter rung's cooldown branch. `after`:
+        the run continues the same (configuration, seed)'s run of `after` epochs from that rung's cooldown start
+        (explorer.schedule: every run of a seed follows one trajectory until its cooldown), so it pays only the
+        epochs past that point and the cooldowns of the rungs in between (10 then 20: 12 epochs, not 22)."""
         from explorer.schedule import cooldown_epochs
 
         if self.lr_schedule != "wsd":
             return length
-        return length + sum(cooldown_epochs(r, self.cooldown) for r in self.ladder if r < length)
+        start = 0 if after is None else after - cooldown_epochs(after, self.cooldown)
+        between = [r for r in self.ladder if (after or 0) < r < length]
+        return length - start + sum(cooldown_epochs(r, self.cooldown) for r in between)
+
+    def continues(self, length: int, runs: Mapping[int, Collection[int]], seeds: Sequence[int]) -> tuple[int, int | None] | None:
+        """Which seed a new run of `length` takes, and the length of the stored run it continues from (None:
+        from scratch); None when every seed already measures `length`. `runs`: the lengths each seed of the
+        configuration has run (stored, queued or running). Under wsd a run measures every rung up to its
+        length, and the seed whose longest run is longest continues (the cheapest, and at the target as good
+        a replicate as a fresh seed); else, and under cosine, the first seed without it runs from scratch."""
+        wsd = self.lr_schedule == "wsd"
+        longest = {s: max(runs.get(s, ()), default=0) for s in seeds}
+        free = [s for s in seeds if (longest[s] < length if wsd else length not in runs.get(s, ()))]
+        if not free:
+            return None
+        if not wsd:
+            return free[0], None
+        seed = max(free, key=lambda s: (longest[s], -seeds.index(s)))
+        return seed, longest[seed] or None
 
     @field_validator("seeds")
     @classmethod

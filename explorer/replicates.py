@@ -25,7 +25,7 @@ against it (non-inferior, say) rests on fewer of its seeds than the pick has.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import numpy as np
@@ -49,11 +49,14 @@ class ReplicateSpec(BaseModel):
 
 
 def wanted(summary: pd.DataFrame, max_seeds: int, spec: ReplicateSpec, budgets: Sequence[int] = (),
-           decision: DecisionSpec | None = None, baseline: str | None = None) -> list[str]:
+           decision: DecisionSpec | None = None, baseline: str | None = None, batch: int | None = None,
+           pending: Mapping[str, int] | None = None) -> list[str]:
     """Configurations of a `stats.summarize` table that should get one more seed now.
 
     `decide` reads the table's posterior, `budgets` (parameter counts; none: `decision`'s default over
-    the space), `decision` (margin, level, seed cap) and the space's `baseline`.
+    the space), `decision` (margin, level, seed cap) and the space's `baseline`; `batch`: at most this
+    many runs (the free workers), `pending`: the runs in flight per row (queued or running), which count
+    against the cap.
     """
     if not len(summary):
         return []
@@ -63,7 +66,7 @@ def wanted(summary: pd.DataFrame, max_seeds: int, spec: ReplicateSpec, budgets: 
     post: Posterior = summary.attrs["posterior"]
     if spec.policy == "decide":
         return wanted_keys(post, max_seeds, budgets, decision or DecisionSpec(), baseline,
-                           summary.attrs.get("full"), summary.attrs.get("epochs"))
+                           summary.attrs.get("full"), summary.attrs.get("epochs"), batch, pending)
     if summary["front_prob"].isna().all():  # no replicate yet: no noise estimate
         return list(summary.loc[room & summary["on_front"] & (len(summary) > 1), "arch"])
     sure = summary["front_prob"] >= spec.confidence
@@ -72,20 +75,23 @@ def wanted(summary: pd.DataFrame, max_seeds: int, spec: ReplicateSpec, budgets: 
 
 
 def wanted_keys(post: Posterior, max_seeds: int, budgets: Sequence[int], decision: DecisionSpec,
-                baseline: str | None = None, full: Posterior | None = None, epochs: int | None = None) -> list[str]:
+                baseline: str | None = None, full: Posterior | None = None, epochs: int | None = None,
+                batch: int | None = None, pending: Mapping[str, int] | None = None) -> list[str]:
     """The `decide` policy on a posterior: the configurations that get one more seed now; with several
-    lengths (`full`, read at `epochs`), the rows (a configuration at a length) that get one more run."""
+    lengths (`full`, read at `epochs`), the rows (a configuration at a length) that get one more run.
+    `batch` and `pending` as in `wanted`."""
     cap = min(max_seeds, decision.max_seeds or max_seeds)
+    pending = pending or {}
     measured = post.n > 0
-    room = {k: int(cap - n) for k, n, m in zip(post.keys, post.n, measured) if m}
+    room = {k: int(cap - n - pending.get(k, 0)) for k, n, m in zip(post.keys, post.n, measured) if m}
     best = float(np.nanmax(post.sign() * post.mean[measured])) * post.sign() if measured.any() else \
         float(np.nanmax(post.sign() * post.mean)) * post.sign()
     delta = decision.margin(post.higher_is_better, best)
     at = budgets or decision.budget_list([int(p) for p in post.params])
     if full is not None and epochs is not None and full is not post:
-        rows = {k: int(cap - n) for k, n in zip(full.keys, full.n)}
-        return next_seeds(full, at, delta, decision.level, rows, baseline=baseline, epochs=epochs)
-    return next_seeds(post, at, delta, decision.level, room, baseline=baseline)
+        rows = {k: int(cap - n - pending.get(k, 0)) for k, n in zip(full.keys, full.n)}
+        return next_seeds(full, at, delta, decision.level, rows, batch, baseline=baseline, epochs=epochs)
+    return next_seeds(post, at, delta, decision.level, room, batch, baseline=baseline)
 
 
 def _beaten(summary: pd.DataFrame, post: Posterior, confidence: float) -> pd.Series:

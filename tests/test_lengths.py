@@ -41,6 +41,24 @@ def test_a_ladder_and_its_identity_are_validated() -> None:
     assert Budget(epochs=[10, 20, 40]).at(20).epochs == [10, 20] and Budget(epochs=20).at(20) == Budget(epochs=20)
 
 
+def test_a_continued_run_pays_only_the_epochs_past_its_shorter_runs_cooldown_start() -> None:
+    ladder = Budget(epochs=[10, 20, 40])
+    assert ladder.compute(20, after=10) == 12  # epochs 8 to 20: not 22
+    assert ladder.compute(40, after=10) == 32 + 4  # epochs 8 to 40 and the 20-epoch rung's cooldown
+    assert 10 + ladder.compute(20, after=10) + ladder.compute(40, after=20) == ladder.compute(40)  # 46: one trajectory
+    assert Budget(epochs=[10, 20], schedule="cosine").compute(20, after=10) == 20  # no shared trajectory to continue
+
+
+def test_a_longer_run_continues_the_seed_whose_run_is_longest_else_a_fresh_one() -> None:
+    ladder, seeds = Budget(epochs=[10, 20, 40]), [0, 1, 2]
+    assert ladder.continues(40, {0: [10], 1: [20]}, seeds) == (1, 20)
+    assert ladder.continues(20, {0: [40], 1: [10]}, seeds) == (1, 10)  # seed 0's 40-epoch run measures 20 already
+    assert ladder.continues(10, {0: [10]}, seeds) == (1, None)
+    assert ladder.continues(10, {0: [10], 1: [20], 2: [40]}, seeds) is None
+    cosine = Budget(epochs=[10, 20], schedule="cosine")
+    assert cosine.continues(10, {0: [20]}, seeds) == (0, None)  # a cosine run measures its own length alone
+
+
 def test_a_ladder_run_gives_each_rung_as_the_run_of_that_length() -> None:
     """The 6-epoch run's 2- and 4-epoch results are, bit for bit, the 2- and 4-epoch runs (the same
     operations in the same order: one trajectory until the cooldown)."""
