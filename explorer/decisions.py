@@ -14,22 +14,20 @@ Beats and worse read the two-sided interval because the direction is chosen afte
 one-sided 5% each, a pick truly equal to the baseline was said to beat it or lose to it in 10% of
 simulated studies.
 
-Seeds by value of information (`next_seeds`): each seed goes where it most shrinks the bounds still
-above delta at the study's budgets, budgets that hold the same configurations counted once. What a
-seed would do is imagined on the draws (explorer.posterior.Posterior.imagine): the posterior's spread
-after it, its mean held. It reads the posterior and nothing above it.
+A decision needs the pick's own evidence: at least MIN_OWN runs of it at the answer's length (a pick with
+one run was decided at 0.9 points from a posterior whose interval excluded that run), and the bound covers
+every split within the budget, those past the space's declared ranges too (`answer`'s `past`): where one of
+them may be better than the pick, the pick is the best within the space, and the budget is not decided.
 
-With several lengths the questions are at the target length (`decision.epochs`, default the longest)
-and a run may be bought at any length of the ladder: a new seed of a configuration at a short length,
-or a longer run of a contender. Each is judged by how much it shrinks the bounds at the target length
-per second of training (the posterior's `cost`, from the trials' own train times).
+With several lengths the questions are at the target length (`decision.epochs`, default the longest).
+What more runs would do is explorer.voi's; which runs a study buys next, explorer.policy's.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -39,9 +37,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from explorer.errors import ExplorerError
 from explorer.formats import margin as with_unit
 from explorer.formats import bound, plural, split, value
-from explorer.posterior import LEVEL, Posterior, Regret, at_length, lengths
+from explorer.posterior import LEVEL, Posterior, Regret, lengths
 from explorer.rows import row_key, split_row
-from explorer.voi import greedy, seeds_to_decide
+from explorer.voi import seeds_to_decide
 from explorer.units import format_count, parse_count
 
 _BELOW = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*%\s*-?\s*below\s*-?\s*baseline\s*$", re.IGNORECASE)
@@ -70,6 +68,7 @@ ACCURACY_DELTA = 0.01  # 1 point of an accuracy-like metric: the default study's
 LOSS_DELTA = 0.01  # of the best mean: a loss has no natural scale, so the margin is relative
 DEFAULT_BUDGETS = 10
 MIN_NOISE_DOF = 12  # a bound is no decision before the run noise is estimated on this many degrees of freedom
+MIN_OWN = 2  # nor before the pick has this many runs of its own at the answer's length (not the surface's word alone)
 
 
 class DecisionSpec(BaseModel):
@@ -164,6 +163,8 @@ class Answer:
     cap: int | None = None  # the study's seeds per configuration
     at_cap: int = 0  # measured configurations within the budget already at `cap`
     past_cap: bool = False  # seeds below the cap cannot decide it: `advice` is what would, were the cap raised
+    own: int = MIN_OWN  # the pick's runs at the answer's length
+    rivals: tuple[str, ...] = ()  # splits past the space within the budget that may be better than the pick
 
     @property
     def pick(self) -> str:
@@ -175,8 +176,11 @@ class Answer:
 
     @property
     def decided(self) -> bool:
-        """eps <= delta, on a noise estimate of at least MIN_NOISE_DOF degrees of freedom, with runs at its length."""
-        return bool(np.isfinite(self.eps) and self.eps <= self.delta and self.noise_dof >= MIN_NOISE_DOF and self.measured)
+        """eps <= delta (over every split within the budget, past the space too), on a noise estimate of at least
+        MIN_NOISE_DOF degrees of freedom, with at least MIN_OWN runs of the pick at its length, and no split past
+        the space that may be better."""
+        return bool(np.isfinite(self.eps) and self.eps <= self.delta and self.noise_dof >= MIN_NOISE_DOF and self.measured
+                    and self.own >= MIN_OWN and not self.rivals)
 
     def advice_words(self) -> str:
         """Where more seeds would go, each with its count: `3 / 8 (4 seeds), 5 / 8 (1 seed)`; with several
@@ -194,6 +198,10 @@ class Answer:
             state = ("decided" if self.decided else f"undecided (margin {margin})" if self.eps > self.delta else
                      "undecided: no run within the budget reached this length yet (predicted from shorter runs)"
                      if not self.measured else
+                     "undecided: the best within the space; splits past it that fit the budget may be better"
+                     if self.rivals else
+                     f"undecided: {pick} has {plural(self.own, 'run')} of its own at this length, {MIN_OWN} needed"
+                     if self.own < MIN_OWN else
                      f"undecided: the run noise rests on {self.noise_dof:g} degrees of freedom of replicates, "
                      f"{MIN_NOISE_DOF} needed (more seeds of any configurations)")
             out = [f"use {pick}: within {with_unit(self.eps, unit, what)} of the best configuration within the budget "
@@ -236,39 +244,56 @@ def answer(posterior: Posterior, budget: int, baseline: str | None, delta: float
     """The answer at `budget`; undecided, which configurations and how many seeds would decide it
     (`room`: seeds each may still get; `cap`: the study's seeds per configuration, giving `room` when
     it is None; neither: no limit; `advise`: False leaves that out). With several lengths `posterior` is
-    `full` read at `epochs`, and the advice names runs of any length of `full`. A split `past` the
-    measured range is the answer only where the posterior shows it better than the best of the others
-    (`shown_better`); else the answer, and its bound, are among the others."""
+    `full` read at `epochs`, and the advice names runs of any length of `full`. The bound is over every
+    split within the budget, those `past` the space's ranges included (the promise is about the best within
+    the budget); a split past the space is the pick only where the posterior shows it better than the best
+    of the others (`shown_better`), and one that may be better than a pick within the space leaves it
+    undecided (`rivals`)."""
     keys = within(posterior, budget)
     if not keys:
         raise ExplorerError(f"no configuration within {format_count(budget)} parameters", field="budget")
     regret = posterior.regret(keys, level)
     inside = tuple(k for k in keys if k not in past)
     if inside and len(inside) < len(keys):
-        kept = posterior.regret(inside, level)
+        kept = posterior.regret(keys, level, among=inside)  # the best within the space, its bound over every split
         if regret.pick not in past or not shown_better(posterior, regret.pick, kept.pick, level):
-            keys, regret = inside, kept
+            regret = kept
+    others = [k for k in keys if k in past] if regret.pick not in past else []
     dof = noise_dof(posterior) if posterior.noise is not None else 0.0  # at the answer's length
     measured = bool(any(posterior.n[posterior.index[k]] > 0 for k in keys))
+    own = int(posterior.n[posterior.index[regret.pick]])
     said = Answer(budget, regret, delta, level, verdict(posterior, regret.pick, baseline, delta, level), noise_dof=dof,
-                  measured=measured)
+                  measured=measured, own=own, rivals=rivals(posterior, regret.pick, others, level))
     if said.decided or not advise:
         return said
-    ladder = to_buy(lengths(full), epochs) if full is not None and epochs is not None and full is not posterior else []
-    source, asked = (full, [row_key(k, epochs) for k in keys]) if ladder else (posterior, list(keys))
+    several = full is not None and epochs is not None and full is not posterior
+    ladder = lengths(full) if several else []  # type: ignore[arg-type]
+    source, asked = (full, [row_key(k, epochs) for k in keys]) if several else (posterior, list(keys))  # type: ignore[arg-type]
     if room is None and cap is not None:
         room = {k: max(cap - int(n), 0) for k, n in zip(source.keys, source.n) if n > 0 or ladder}
     at_cap = sum(1 for k in asked if room is not None and k in room and room[k] <= 0)
+    if regret.eps <= delta and own < MIN_OWN and measured and not said.rivals:  # the pick's own runs are what is missing
+        pick = row_key(regret.pick, epochs) if several else regret.pick  # type: ignore[arg-type]
+        return replace(said, advice={pick: MIN_OWN - own}, cap=cap, at_cap=at_cap)
     advice, reached = seeds_to_decide(source, asked, delta, level, room, ladder=ladder)
     capped = bool(at_cap) and not reached  # the cap stops it: what would decide it were the cap raised
     if capped:
         advice, reached = seeds_to_decide(source, asked, delta, level, ladder=ladder)
-    return Answer(budget, regret, delta, level, said.verdict, advice, reached, dof, measured, cap, at_cap, capped)
+    return replace(said, advice=advice, advice_reached=reached, cap=cap, at_cap=at_cap, past_cap=capped)
 
 
 def shown_better(posterior: Posterior, a: str, b: str, level: float = LEVEL) -> bool:
     """Whether the posterior shows `a` better than `b`: the share of its draws with `a` ahead is at least `level`."""
     return posterior.has_intervals and float(np.mean(posterior.difference(a, b) > 0)) >= level
+
+
+def rivals(posterior: Posterior, pick: str, keys: Sequence[str], level: float = LEVEL) -> tuple[str, ...]:
+    """Those of `keys` (splits past the space) the posterior cannot rule out as better than the pick (ahead in
+    more than (1 - level) / 2 of its draws), the likeliest better first."""
+    if not posterior.has_intervals or not keys:
+        return ()
+    better = {k: float(np.mean(posterior.difference(k, pick) > 0)) for k in keys}
+    return tuple(k for k in sorted(better, key=lambda k: -better[k]) if better[k] > (1 - level) / 2)
 
 
 def distinct(posterior: Posterior, budgets: Sequence[int]) -> dict[tuple[str, ...], list[int]]:
@@ -281,104 +306,10 @@ def distinct(posterior: Posterior, budgets: Sequence[int]) -> dict[tuple[str, ..
     return out
 
 
-def next_seeds(posterior: Posterior, budgets: Sequence[int], delta: float, level: float, room: Mapping[str, int],
-               batch: int | None = None, baseline: str | None = None, epochs: int | None = None) -> list[str]:
-    """The measured configurations that get one more seed now (the `decide` replicate policy): a round
-    of one seed each where it most shrinks the undecided bounds, as many as there are undecided questions
-    (at least 2); `room[key]` is how many more seeds a configuration may get. While the noise estimate
-    rests on fewer than MIN_NOISE_DOF degrees of freedom (none at first), the best means of each question
-    get the next seed instead, enough of them to reach it. The `baseline` gets a seed in every round while
-    a verdict claims something against it for a pick with more seeds than it has (`_claim_outruns`).
-
-    With several lengths `posterior` is the whole one, `epochs` the target length, `room` per row, and
-    what it returns are rows (a configuration at a length): the first seeds go to the shortest length,
-    a first run at the target to each question's best means, then runs by value per second."""
-    ladder = lengths(posterior) if epochs is not None else []
-    if ladder:
-        return _next_runs(posterior, budgets, delta, level, room, batch, baseline, epochs, to_buy(ladder, epochs))
-    questions = list(distinct(posterior, budgets))
-    dof = posterior.noise.dof if posterior.noise is not None else 0.0
-    if dof < MIN_NOISE_DOF:  # too little replication to trust the noise: more seeds of each question's best means
-        out: dict[str, None] = {}
-        for depth in range(1, 1 + max(map(len, questions))):
-            for keys in questions:
-                top = sorted((k for k in keys if room.get(k, 0) > 0 and posterior.n[posterior.index[k]] > 0),
-                             key=lambda k: -posterior.sign() * posterior.mean[posterior.index[k]])
-                out.update(dict.fromkeys(top[:depth]))
-            if len(out) >= max(2, MIN_NOISE_DOF - dof):
-                break
-        return list(out)
-    regrets = [posterior.regret(q, level) for q in questions]
-    undecided = [q for q, r in zip(questions, regrets) if r.eps > delta]
-    chosen: dict[str, int] = {}
-    if undecided:
-        measured = {k: room.get(k, 0) for k in posterior.keys if posterior.n[posterior.index[k]] > 0}
-        chosen, _ = greedy(posterior, undecided, delta, level, measured, batch or max(2, len(undecided)), repeat=False)
-    if baseline is not None and room.get(baseline, 0) > 0 and _claim_outruns(posterior, [r.pick for r in regrets], baseline,
-                                                                              delta, level):
-        chosen.setdefault(baseline, 1)
-    return list(chosen)
-
-
-def to_buy(ladder: Sequence[int], epochs: int) -> list[int]:
-    """The lengths a run is bought at: the shortest (a new seed, cheap) and the target (under wsd its run gives
-    every shorter rung too; on bench/lengths.py the policy spent a third of its runs on the middle rung of
-    10/20/40 and decided nothing at 40)."""
-    return sorted({ladder[0], epochs})
-
-
-def _next_runs(full: Posterior, budgets: Sequence[int], delta: float, level: float, room: Mapping[str, int],
-               batch: int | None, baseline: str | None, epochs: int, ladder: Sequence[int]) -> list[str]:
-    """`next_seeds` for several lengths: rows, judged at `epochs` per second of training. The run noise is
-    estimated first where it is cheap (seeds at the shortest length), then at the target itself (a bound at
-    a length is no decision before its own replicates give MIN_NOISE_DOF degrees of freedom: the noise of
-    40-epoch runs read off 10-epoch ones made the default study sure to 0.3 points of single runs)."""
-    view = at_length(full, epochs)
-    if not len(view.keys):  # no surface yet, nothing run at the target: rank by the shortest length's runs
-        view = at_length(full, ladder[0])
-    questions = list(distinct(view, budgets))
-    measured = {split_row(k)[0] for k, n in zip(full.keys, full.n) if n > 0}
-    for length, dof in ((ladder[0], full.noise.dof if full.noise is not None else 0.0), (epochs, noise_dof(view))):
-        if dof < MIN_NOISE_DOF:  # more runs of each question's best means at this length, enough to reach it
-            out: dict[str, None] = {}
-            for depth in range(1, 1 + max(map(len, questions))):
-                for keys in questions:
-                    top = sorted((k for k in keys if k in measured and room.get(row_key(k, length), 0) > 0),
-                                 key=lambda k: -view.sign() * view.mean[view.index[k]])
-                    out.update(dict.fromkeys(row_key(k, length) for k in top[:depth]))
-                if len(out) >= max(2, MIN_NOISE_DOF - dof):
-                    break
-            if out:
-                return list(out)
-    regrets = [view.regret(q, level) for q in questions]
-    undecided = [tuple(row_key(k, epochs) for k in q) for q, r in zip(questions, regrets) if r.eps > delta]
-    chosen: dict[str, int] = {}
-    if undecided:
-        options = {row_key(k, e): room.get(row_key(k, e), 0) for k in measured for e in ladder}
-        chosen, _ = greedy(full, undecided, delta, level, options, batch or max(2, len(undecided)), repeat=False, ladder=ladder)
-    target = row_key(baseline, epochs) if baseline is not None else None
-    if target is not None and room.get(target, 0) > 0 and baseline in measured and (
-            full.n[full.index[target]] == 0 or _claim_outruns(view, [r.pick for r in regrets], baseline, delta, level)):
-        chosen.setdefault(target, 1)  # no verdict against a baseline with no run at the target
-    return list(chosen)
-
-
 def noise_dof(posterior: Posterior) -> float:
     """Degrees of freedom of the replicates a posterior's rows hold (at one length, read `at_length`): the
     noise model's own for one length."""
     return float(np.maximum(posterior.n - 1, 0).sum())
-
-
-def _claim_outruns(posterior: Posterior, picks: Sequence[str], baseline: str, delta: float, level: float) -> bool:
-    """Whether a verdict against the baseline claims something (beats, worse, equivalent, non-inferior)
-    for a pick with more seeds than the baseline has: one or two seeds of a noisy baseline made such
-    claims false in bench/decide.py's fidelity table (2 of 40 studies at a 1-point margin), so
-    the baseline catches up."""
-    if baseline not in posterior.index or posterior.n[posterior.index[baseline]] == 0:
-        return False
-    have = posterior.n[posterior.index[baseline]]
-    return any(posterior.n[posterior.index[p]] > have and verdict(posterior, p, baseline, delta, level).kind
-               in ("beats", "worse", "equivalent", "non-inferior") for p in dict.fromkeys(picks))
 
 
 def table(answers: Sequence[tuple[list[int], Answer]], posterior: Posterior, metric: str, higher_is_better: bool) -> pd.DataFrame:

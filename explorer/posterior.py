@@ -169,14 +169,16 @@ class Posterior:
         """The same posterior with each row's cost, in seconds a run (the seed policy's price)."""
         return _replace(self, cost=cost)
 
-    def regret(self, keys: Sequence[str], level: float = LEVEL, latent: np.ndarray | None = None) -> Regret:
-        """The pick among `keys` (those this posterior knows) that minimises the `level` quantile of its
-        regret, max over the set minus its own true mean (ties: the smaller expected regret, then fewer
-        parameters); `latent` imagines other draws (explorer.decisions' seed policy)."""
+    def regret(self, keys: Sequence[str], level: float = LEVEL, latent: np.ndarray | None = None,
+               among: Sequence[str] | None = None) -> Regret:
+        """The pick among `keys` (those this posterior knows; `among` them only, if given) that minimises the
+        `level` quantile of its regret, max over the whole set minus its own true mean (ties: the smaller
+        expected regret, then fewer parameters); `latent` imagines other draws (explorer.policy)."""
         keys = tuple(k for k in keys if k in self.index)
         cols = [self.index[k] for k in keys]
+        allowed = np.array([among is None or k in among for k in keys])
         if not self.has_intervals:
-            raw = self.sign() * self.raw[cols]
+            raw = np.where(allowed, self.sign() * self.raw[cols], -np.inf)
             i = int(np.lexsort((self.params[cols], -raw))[0])
             return Regret(keys[i], float("nan"), float("nan"), keys)
         x = self.sign() * self.metric_draws(cols, latent)
@@ -184,7 +186,7 @@ class Posterior:
         k = min(len(r) - 1, int(np.ceil(level * len(r))) - 1)  # the draw at the quantile, rounded up: no interpolation
         eps = np.partition(r, k, axis=0)[k]
         expected = r.mean(axis=0)
-        i = int(np.lexsort((self.params[cols], np.round(expected, 9), np.round(eps, 9)))[0])
+        i = int(np.lexsort((self.params[cols], np.round(expected, 9), np.round(np.where(allowed, eps, np.inf), 9)))[0])
         return Regret(keys[i], float(eps[i]), float(expected[i]), keys)
 
     def difference(self, a: str, b: str) -> np.ndarray:
@@ -195,18 +197,16 @@ class Posterior:
     def imagine(self, extra: Mapping[str, int], latent: np.ndarray | None = None, cov: np.ndarray | None = None,
                 rng: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(latent draws, covariance) as they would be after `extra[key]` more seeds of each key, the mean
-        held where it is: Matheron's rule, d' = d - g (d_j + e), g = S_j / (S_jj + v_j / k)."""
+        held where it is: Matheron's rule for all of them at once, d' = d - (d_J + e) G, G = (S_JJ + V)^-1 S_J,
+        V the new runs' noise (v_j / k_j)."""
         d = self.latent_draws if latent is None else latent
         s = self.latent_cov if cov is None else cov
         rng = rng or np.random.default_rng(self.seed + 1)
-        for key, k in extra.items():
-            j = self.index[key]
-            noise = self.obs_var[j] / k
-            g = s[:, j] / (s[j, j] + noise)
-            e = np.sqrt(noise) * rng.standard_normal(len(d))
-            d = d - np.outer(d[:, j] + e, g)
-            s = s - np.outer(g, s[j])
-        return d, s
+        cols = np.array([self.index[key] for key in extra], int)
+        noise = self.obs_var[cols] / np.array(list(extra.values()), float)
+        gain = np.linalg.solve(s[np.ix_(cols, cols)] + np.diag(noise), s[cols])
+        e = np.sqrt(noise) * rng.standard_normal((len(d), len(cols)))
+        return d - (d[:, cols] + e) @ gain, s - s[:, cols] @ gain
 
 
 def subset(p: Posterior, keys: Sequence[str]) -> Posterior:
@@ -242,20 +242,34 @@ def _groups_latent(groups: Mapping[str, Mapping[int, float]], scale: Scale) -> d
     return {k: dict(zip(g, scale.latent(list(g.values())))) for k, g in groups.items()}
 
 
-def _noise_cov(keys: Sequence[str], latent: Mapping[str, Mapping[int, float]], var: np.ndarray, seed_var: float,
-               config: np.ndarray | None = None, corr: float = 0.0) -> np.ndarray:
+def _noise_cov(keys: Sequence[str], latent: Mapping[str, Mapping[int, float]], var: np.ndarray, seed: np.ndarray,
+               config: np.ndarray | None = None, corr: np.ndarray | None = None) -> np.ndarray:
     """Covariance of the measured means: each run's variance over n, and the shared seeds' part between
-    configurations: seed_var x |S_c & S_d| / (n_c n_d); between two lengths of one configuration (same
-    `config`) also the run's own noise at the seeds they share, `corr` x its sd at each."""
+    rows: `seed` (rows x rows: the seed effect's covariance between their lengths) x |S_c & S_d| / (n_c n_d);
+    between two lengths of one configuration (same `config`) also the run's own noise at the seeds they share,
+    `corr` (rows x rows: the correlation of one run's noise between their lengths) x its sd at each."""
     seeds = sorted({s for k in keys for s in latent[k]})
     w = np.array([[1.0 if s in latent[k] else 0.0 for s in seeds] for k in keys]).reshape(len(keys), len(seeds))
     n = w.sum(axis=1)
-    own = np.maximum(var, seed_var * 1.01) - seed_var
-    shared = seed_var * (w @ w.T) / np.outer(n, n)
-    if config is not None and corr > 0:
+    own = np.maximum(var, np.diag(seed) * 1.01) - np.diag(seed)
+    shared = seed * (w @ w.T) / np.outer(n, n)
+    if config is not None and corr is not None:
         same = (config[:, None] == config[None, :]) & ~np.eye(len(keys), dtype=bool)
         shared = shared + np.where(same, corr * np.sqrt(np.outer(own, own)) * (w @ w.T) / np.outer(n, n), 0.0)
     return shared + np.diag(own / n)
+
+
+NOISE_DRAWS = (0.125, 0.375, 0.625, 0.875)  # quantiles of a run's rung correlation the posterior is integrated over
+
+
+def _rung_corrs(noise: NoiseModel, log_epochs: np.ndarray | None) -> list[np.ndarray | None]:
+    """The correlation of one run's noise between the measured rows' lengths, at NOISE_DRAWS of its
+    uncertainty (Fisher's z, explorer.noise.rung_correlation); [None] for one length."""
+    if log_epochs is None or not noise.rung_corr_se:
+        return [None]
+    gap = np.abs(log_epochs[:, None] - log_epochs[None, :])
+    z = np.arctanh(min(noise.rung_corr, 0.98)) + noise.rung_corr_se * special.ndtri(np.array(NOISE_DRAWS))
+    return [noise.corr(gap, float(max(np.tanh(q), 0.0))) for q in z]
 
 
 def _floor(noise: NoiseModel, level: np.ndarray, run_var: np.ndarray, cov_noise: np.ndarray) -> np.ndarray:
@@ -281,7 +295,8 @@ def fit(groups: Mapping[str, Mapping[int, float]], params: Mapping[str, int], hi
     values = [v for k in measured for v in groups[k].values()]
     scale = scale_for(values, higher_is_better)
     config_of = {k: split_row(k)[0] for k in params} if any(AT in k for k in params) else None
-    noise = fit_noise({k: groups[k] for k in measured}, higher_is_better, scale, config_of)
+    length_of = {k: float(split_row(k)[1] or 1) for k in params} if config_of is not None else None
+    noise = fit_noise({k: groups[k] for k in measured}, higher_is_better, scale, config_of, length_of)
     latent = _groups_latent({k: groups[k] for k in measured}, scale)
     ybar = np.array([np.mean(list(latent[k].values())) for k in measured])
     n = np.array([len(latent[k]) for k in measured], float)
@@ -293,14 +308,18 @@ def fit(groups: Mapping[str, Mapping[int, float]], params: Mapping[str, int], hi
         return Posterior(tuple(measured), np.array([params[k] for k in measured]), n, raw, model="none",
                          note="one seed per configuration: no noise estimate yet (a second seed of some configurations gives one)",
                          latent_mean=ybar, latent_cov=None, run_var=np.zeros(len(measured)), obs_var=np.zeros(len(measured)), **common)
-    run_var, dof = noise.moderated(ybar, n, own)
-    free = noise.outlier(ybar, n, own)  # unstable: its own mean and variance, not pulled onto the surface
+    log_e = None if length_of is None else np.log([length_of[k] for k in measured])
+    run_var, dof = noise.moderated(ybar, n, own, log_e)
+    free = noise.outlier(ybar, n, own, log_e)  # unstable: its own mean and variance, not pulled onto the surface
     shared_dof = float(noise.dof)  # the noise level is common to all: its uncertainty is in `level_draws`
     obs_var = run_var * np.maximum(_widen(dof) / _widen(np.array([shared_dof]))[0], 1.0)  # beyond it, a configuration's own
     config = None if config_of is None else np.array([config_of[k] for k in measured])
-    cov_noise = _noise_cov(measured, latent, obs_var, noise.seed_var, config, noise.length_corr)
+    corr = None if log_e is None else noise.corr(np.abs(log_e[:, None] - log_e[None, :]))
+    seed_cov = noise.seed_cov(log_e, len(measured))
+    cov_noise = _noise_cov(measured, latent, obs_var, seed_cov, config, corr)
     flat = Posterior(tuple(measured), np.array([params[k] for k in measured]), n, raw, model="per-configuration",
-                     note=None, latent_mean=ybar, latent_cov=cov_noise, run_var=np.where(free, run_var, noise.prior_var(ybar)), obs_var=obs_var, **common)
+                     note=None, latent_mean=ybar, latent_cov=cov_noise, run_var=np.where(free, run_var, noise.prior_var(ybar, log_e)),
+                     obs_var=obs_var, **common)
     if dims is None or len(measured) < MIN_SMOOTH:
         why = f"{len(measured)} measured configurations (a smooth surface needs {MIN_SMOOTH})" if dims is not None else None
         return _replace(flat, note=f"per-configuration intervals: {why}" if why else None)
@@ -309,22 +328,25 @@ def fit(groups: Mapping[str, Mapping[int, float]], params: Mapping[str, int], hi
     hyper, prior = gp.fit(rows.take(seen), ybar, cov_noise, warm)
     tau_max = max(TAU_RANGE * float(np.sqrt(noise.prior_var(noise.centre))), 2 * hyper.tau)
     floor = _floor(noise, ybar, run_var, cov_noise)
-    mean, cov, taus, weights = gp.mixed(hyper, prior, rows, seen, ybar, cov_noise, tau_max, free, floor)
+    noises = [_noise_cov(measured, latent, obs_var, seed_cov, config, c) for c in _rung_corrs(noise, log_e)]
+    mix = gp.integrated(hyper, prior, rows, seen, ybar, noises, tau_max, free, floor, seed=seed)
+    mean, cov = mix.mean, mix.cov
     unmeasured = len(keys) - len(measured)
     level = mean[len(measured):]
-    run_all = noise.prior_var(mean)
+    log_all = None if length_of is None else np.log([length_of[k] for k in keys])
+    run_all = noise.prior_var(mean, log_all)
     run_all[:len(measured)][free] = run_var[free]
-    obs_all = np.concatenate([obs_var, noise.prior_var(level) * _widen(np.full(unmeasured, noise.prior_dof))])
+    obs_all = np.concatenate([obs_var, noise.prior_var(level, None if log_all is None else log_all[len(measured):])
+                              * _widen(np.full(unmeasured, noise.prior_dof))])
+    typical = mix.typical()  # the settings' posterior mean; the check holds the deviation at its root mean square
     smooth = Posterior(tuple(keys), np.array([params[k] for k in keys]), np.concatenate([n, np.zeros(unmeasured)]),
                        np.concatenate([raw, np.full(unmeasured, np.nan)]), model="smooth", note=None, latent_mean=mean,
-                       latent_cov=cov, run_var=run_all, obs_var=obs_all, hyper=hyper, **common)
+                       latent_cov=cov, run_var=run_all, obs_var=obs_all, hyper=typical, **common)
     if not check:
         return smooth
-    tau = float(np.sqrt(np.sum(weights * taus**2)))  # the check holds the deviation at its posterior root mean square
-    typical = gp.Hyper(hyper.sf, hyper.ell, tau)
     extra = gp.deviations(typical, ybar, cov_noise, free, floor)
-    result = held_out(typical, prior, rows.take(seen), latent, measured, run_var, obs_var, noise.seed_var, extra,
-                      config, noise.length_corr)
+    result = held_out(typical, prior, rows.take(seen), latent, measured, run_var, obs_var, seed_cov, extra,
+                      config, corr)
     smooth = _replace(smooth, check=result)
     if result.passed:
         return smooth
@@ -343,8 +365,9 @@ def _rows(keys: Sequence[str], dims: Mapping[str, Mapping[str, float]], config_o
     if config_of is None or "epochs" not in names:
         return gp.Rows.of(x, reach=size, seen=seen)
     config = np.unique([config_of[k] for k in keys], return_inverse=True)[1]
-    log_epochs = x[:, names.index("epochs")]
-    return gp.Rows.of(x, config, log_epochs - log_epochs[seen].mean(), np.column_stack([size, log_epochs]), seen)
+    time = names.index("epochs")
+    log_epochs = x[:, time]
+    return gp.Rows.of(x, config, log_epochs - log_epochs[seen].mean(), np.column_stack([size, log_epochs]), seen, time)
 
 
 def _replace(p: Posterior, **changes: object) -> Posterior:
@@ -353,8 +376,8 @@ def _replace(p: Posterior, **changes: object) -> Posterior:
 
 
 def held_out(hyper: gp.Hyper, prior: gp.Mean, rows: gp.Rows, latent: Mapping[str, Mapping[int, float]],
-             keys: Sequence[str], run_var: np.ndarray, obs_var: np.ndarray, seed_var: float, extra: np.ndarray,
-             config: np.ndarray | None = None, corr: float = 0.0) -> Check:
+             keys: Sequence[str], run_var: np.ndarray, obs_var: np.ndarray, seed: np.ndarray, extra: np.ndarray,
+             config: np.ndarray | None = None, corr: np.ndarray | None = None) -> Check:
     """Hold out each replicated configuration's k-th seed (fold k; with several lengths, fold s holds out
     seed s at every length, so no other length of a held-out run stays), predict it from the rest under
     the smooth model and under the per-configuration one, and count those inside their 95% intervals."""
@@ -372,7 +395,8 @@ def held_out(hyper: gp.Hyper, prior: gp.Mean, rows: gp.Rows, latent: Mapping[str
         seen = np.array([i for i, k in enumerate(keys) if kept[k]])  # a row whose one run is held out is predicted
         names = [keys[i] for i in seen]
         ybar = np.array([np.mean(list(kept[k].values())) for k in names])
-        noise = _noise_cov(names, kept, obs_var[seen], seed_var, None if config is None else config[seen], corr)
+        noise = _noise_cov(names, kept, obs_var[seen], seed[np.ix_(seen, seen)], None if config is None else config[seen],
+                           None if corr is None else corr[np.ix_(seen, seen)])
         mean, cov = gp.posterior(hyper, prior, rows, seen, ybar, noise, extra)
         flat_mean = np.full(len(keys), np.nan)
         flat_var = np.full(len(keys), np.nan)

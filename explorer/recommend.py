@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import pandas as pd
 
+from explorer.budget import Budget
 from explorer.decisions import Answer, DecisionSpec, answer, within
 from explorer.errors import ExplorerError
 from explorer.formats import dims_of, interval, margin, plural, split, split_header, value
@@ -212,7 +213,7 @@ def describe(post: Posterior) -> str:
 def recommend(df: pd.DataFrame, budget: int, baseline_key: str | None, metric: str = "accuracy",
               candidates: Sequence[Candidate] = (), higher_is_better: bool = True, decision: DecisionSpec | None = None,
               list_ties: bool = False, first_seed: int = 0, cap: int | None = None, epochs: int | None = None,
-              lengths: Sequence[int] = (), compute: Mapping[int, float] | None = None,
+              lengths: Sequence[int] = (), training: Budget | None = None, seeds: Sequence[int] = (),
               outside: Sequence[Candidate] = ()) -> Recommendation:
     """The answer at `budget` from a `trials_frame`: the pick with its bound, decided or not, its verdict
     against the baseline; `candidates` (the space's feasible configurations) and `outside` (splits past
@@ -225,7 +226,7 @@ def recommend(df: pd.DataFrame, budget: int, baseline_key: str | None, metric: s
     direction = "maximize" if higher_is_better else "minimize"
     everything = [*candidates, *outside]
     table = summarize(done, metric, [(metric, direction), ("params", "minimize")], level=decision.level, draws=0,
-                      first_seed=first_seed, candidates=everything, epochs=epochs, lengths=lengths, compute=compute)
+                      first_seed=first_seed, candidates=everything, epochs=epochs, lengths=lengths, budget=training, seeds=seeds)
     if not len(table):
         raise ExplorerError("no completed trial to recommend from", field="budget")
     post: Posterior = table.attrs["posterior"]
@@ -296,6 +297,6 @@ def for_study(study: Study, trials: pd.DataFrame, limit: int, list_ties: bool = 
             outside = [(c.key, c.dims, c.params) for c in widened(study.space, limit)]
     rec = recommend(trials, limit, base.key if base else None, study.task.metric, space, study.task.higher_is_better,
                     decision=study.spec.decision, list_ties=list_ties, first_seed=study.seeds[0], cap=study.seed_cap, epochs=target,
-                    lengths=ladder, compute={e: budget.compute(e) for e in ladder}, outside=outside)
+                    lengths=ladder, training=budget, seeds=study.seeds, outside=outside)
     notes += filter(None, [learning_words(trials, study.task.metric, study.task.higher_is_better, budget)])
     return replace(rec, pruned=tuple(pruned_within(trials, limit)), notes=tuple(notes))

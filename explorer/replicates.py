@@ -14,7 +14,7 @@ only when one specific configuration with no more parameters beats it with proba
 enough: configurations of the same parameter count (heads change no parameters) split it, so on a
 plateau every sibling fell below it after one seed and the best were starved.
 
-`decide` (explorer.decisions.next_seeds): a round gives one seed each to the configurations whose seed
+`decide` (explorer.policy.next_seeds): a round gives one seed each to the configurations whose seed
 most shrinks the regret bounds still above the margin at the study's budgets (budgets holding the same
 configurations count once), until every budget is decided, no seed would shrink a bound, or the
 configurations that matter are at the seed cap (`decision.max_seeds`, else `budget.seeds`). Before any
@@ -32,7 +32,8 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
-from explorer.decisions import DecisionSpec, next_seeds
+from explorer.decisions import DecisionSpec
+from explorer.policy import next_seeds
 from explorer.posterior import Posterior
 from explorer.stats import FRONT_DRAWS, summarize
 
@@ -90,8 +91,8 @@ def wanted_keys(post: Posterior, max_seeds: int, budgets: Sequence[int], decisio
     at = budgets or decision.budget_list([int(p) for p in post.params])
     if full is not None and epochs is not None and full is not post:
         rows = {k: int(cap - n - pending.get(k, 0)) for k, n in zip(full.keys, full.n)}
-        return next_seeds(full, at, delta, decision.level, rows, batch, baseline=baseline, epochs=epochs)
-    return next_seeds(post, at, delta, decision.level, room, batch, baseline=baseline)
+        return next_seeds(full, at, delta, decision.level, rows, batch, baseline=baseline, epochs=epochs, pending=pending)
+    return next_seeds(post, at, delta, decision.level, room, batch, baseline=baseline, pending=pending)
 
 
 def _beaten(summary: pd.DataFrame, post: Posterior, confidence: float) -> pd.Series:

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from explorer.budget import Budget
 from explorer.pareto import pareto_mask
 from explorer.posterior import LEVEL, Posterior, at_length, fit, front_share
 from explorer.rows import row_key, split_row
@@ -83,7 +84,8 @@ def _dims(row: Mapping[str, Any]) -> dict[str, Any]:
 
 def summarize(frame: pd.DataFrame, metric: str, objectives: Sequence[tuple[str, str]], level: float = LEVEL,
               draws: int = FRONT_DRAWS, seed: int = 0, first_seed: int = 0, candidates: Sequence[Candidate] = (),
-              epochs: int | None = None, lengths: Sequence[int] = (), compute: Mapping[int, float] | None = None) -> pd.DataFrame:
+              epochs: int | None = None, lengths: Sequence[int] = (), budget: Budget | None = None,
+              seeds: Sequence[int] = ()) -> pd.DataFrame:
     """One row per measured configuration of a `trials_frame`, and the posterior in `attrs["posterior"]`.
 
     Columns: arch, the dimensions, params (and any other objective, averaged), n, seeds, values (by seed),
@@ -91,7 +93,8 @@ def summarize(frame: pd.DataFrame, metric: str, objectives: Sequence[tuple[str, 
     with `draws=0`, for callers that do not need it), tied_with. `candidates` (the space's feasible
     configurations) are in the posterior too, predicted where unmeasured. With runs at several lengths:
     read at `epochs` (default the longest of `lengths` and those measured), every rung of `lengths` in
-    the posterior, and `compute[L]` the epochs a run of length L trains (its price).
+    the posterior, each row priced by `budget` (a run continuing a seed's shorter run, `seeds` the ones a
+    configuration may take: explorer.budget.Budget.continues) from the trials' own seconds.
     """
     done = measured_groups(frame, metric, first_seed)
     if not len(done):
@@ -115,7 +118,7 @@ def summarize(frame: pd.DataFrame, metric: str, objectives: Sequence[tuple[str, 
         rows = {row_key(k, e): k for k in params for e in ladder}
         row_params, row_dims = {r: params[k] for r, k in rows.items()}, {r: {**dims[k], "epochs": split_row(r)[1]} for r, k in rows.items()}
         full = fit(groups, row_params, higher, row_dims, seed=seed, size=draws or FRONT_DRAWS)
-        full = _priced(full, frame, compute or {})
+        full = _priced(full, frame, budget or Budget(epochs=ladder), seeds or sorted({int(s) for s in done["seed"]}))
         post = at_length(full, target)
         if len(post.keys) < len(firsts):  # no surface yet to predict a length a configuration did not run at:
             target = max(measured_lengths, key=lambda e: (len(at_length(full, e).keys), e))  # the best-covered length
@@ -152,20 +155,29 @@ def summarize(frame: pd.DataFrame, metric: str, objectives: Sequence[tuple[str, 
     return table.sort_values(["params", "arch"], ignore_index=True)
 
 
-def _priced(full: Posterior, frame: pd.DataFrame, compute: Mapping[int, float]) -> Posterior:
-    """`full` with each row's cost, a run of it in seconds, from the trials' own train times: seconds per
-    epoch trained (`compute[L]` epochs for a run of length L), per configuration; a configuration not
-    timed yet at the timed ones' median seconds per epoch and parameter."""
-    timed = frame[frame["state"].eq("COMPLETE")].dropna(subset=["train_time_s", "epochs"]) \
-        if {"train_time_s", "epochs"} <= set(frame.columns) else frame.iloc[:0]
-    trained = timed["epochs"].map(lambda e: compute.get(int(e), float(e)))
-    per_epoch = (timed["train_time_s"].astype(float) / trained).groupby(timed["arch"]).median()
+def _priced(full: Posterior, frame: pd.DataFrame, budget: Budget, seeds: Sequence[int]) -> Posterior:
+    """`full` with each row's cost: the seconds of the run the queue would start for it now (a seed's shorter run
+    continued where one can be: `budget.continues`), at the configuration's seconds per epoch trained (a trial
+    that continued trained `budget.compute(epochs, after=resumed_from)` epochs); a configuration not timed yet at
+    the timed ones' median seconds per epoch and parameter."""
+    done = frame[frame["state"].eq("COMPLETE")] if "state" in frame else frame.iloc[:0]
+    timed = done.dropna(subset=["train_time_s", "epochs"]) if {"train_time_s", "epochs"} <= set(done.columns) else done.iloc[:0]
+    after = timed["resumed_from"] if "resumed_from" in timed else pd.Series(np.nan, index=timed.index)
+    trained = [budget.compute(int(e), None if pd.isna(a) else int(a)) for e, a in zip(timed["epochs"], after)]
+    per_epoch = (timed["train_time_s"].astype(float) / np.maximum(trained, 1)).groupby(timed["arch"]).median()
     params = {split_row(k)[0]: p for k, p in zip(full.keys, full.params)}
     per_param = np.median([v / params[k] for k, v in per_epoch.items() if k in params]) if len(per_epoch) else 1e-6
+    runs: dict[str, dict[int, list[int]]] = {}
+    if {"arch", "seed", "epochs"} <= set(done.columns):
+        for key, seed, length in zip(done["arch"], done["seed"], done["epochs"]):
+            if pd.notna(seed) and pd.notna(length):
+                runs.setdefault(key, {}).setdefault(int(seed), []).append(int(length))
     cost = []
     for key, p in zip(full.keys, full.params):
         config, length = split_row(key)
-        cost.append(float(per_epoch.get(config, per_param * p)) * compute.get(int(length), float(length)))
+        took = budget.continues(int(length), runs.get(config, {}), list(seeds)) if length is not None else None
+        epochs = budget.compute(int(length), took[1] if took else None) if length is not None else 1
+        cost.append(float(per_epoch.get(config, per_param * p)) * epochs)
     return full.priced(np.array(cost))
 
 

@@ -115,32 +115,55 @@ def test_the_ranking_at_the_target_length_comes_from_the_runs_at_it() -> None:
     long = np.linspace(0.95, 0.92, 8)  # ...and worse at 60
     truth = {k: {20: float(a), 60: float(b)} for k, a, b in zip(keys, short, long)}
     frame = _ladder_frame(truth, 3, {k: [20, 60] for k in ("c0", "c3", "c7")})
-    table = stats.summarize(frame, "accuracy", OBJECTIVES, epochs=60, lengths=[20, 60], compute={20: 20, 60: 64})
+    table = stats.summarize(frame, "accuracy", OBJECTIVES, epochs=60, lengths=[20, 60], budget=Budget(epochs=[20, 60]))
     post = table.attrs["posterior"]
     assert table.attrs["epochs"] == 60 and post.keys[0] == "c0"  # the view speaks of configurations
     assert post.mean[post.index["c0"]] > post.mean[post.index["c7"]]  # the long runs' order
     lo, hi = post.interval()
     assert lo[post.index["c1"]] < truth["c1"][60] < hi[post.index["c1"]]  # predicted from its 20-epoch runs
     full = table.attrs["full"]
-    assert full.cost[full.index[row_key("c2", 60)]] == pytest.approx(64 * 20 / 20)  # s/epoch of its 20-epoch runs x 64 trained
+    assert full.cost[full.index[row_key("c2", 60)]] == pytest.approx(44 * 20 / 20)  # s/epoch of its 20-epoch runs x 44:
+    # its next 60-epoch run continues a 20-epoch one from epoch 16
     assert full.cost[full.index[row_key("c0", 20)]] == pytest.approx(20 * 60 / 64)  # its 60-epoch runs trained 64 epochs
     at20 = at_length(full, 20)
     assert at20.mean[at20.index["c7"]] > at20.mean[at20.index["c0"]]  # and the short runs' order at 20
 
 
 def test_one_runs_lengths_share_its_noise() -> None:
-    from explorer.noise import fit_noise, length_correlation
+    from explorer.noise import fit_noise
 
     truth = {f"c{i}": {10: 0.8 + 0.01 * i, 20: 0.85 + 0.01 * i} for i in range(12)}
     frame = _ladder_frame(truth, 6, {k: [10, 20] for k in truth}, sd=0.02, corr=0.9, seed=3)
     done = stats.measured_groups(frame, "accuracy")
     groups = {row_key(k, int(e)): dict(zip(g["seed"], g["accuracy"])) for (k, e), g in done.groupby(["arch", "epochs"])}
-    config_of = {r: r.split("@")[0] for r in groups}
-    model = fit_noise(groups, True, config_of=config_of)
-    assert 0.6 < length_correlation({k: dict(zip(v, np.log(np.array(list(v.values())) / (1 - np.array(list(v.values()))))))
-                                     for k, v in groups.items()}, config_of) < 0.99
-    assert model.length_corr > 0.6 and "across lengths" in model.describe()
-    assert fit_noise(groups, True).length_corr == 0.0  # one length: none
+    config_of, length_of = {r: r.split("@")[0] for r in groups}, {r: float(r.split("@")[1]) for r in groups}
+    model = fit_noise(groups, True, config_of=config_of, length_of=length_of)
+    assert 0.6 < model.rung_corr < 0.99 and 0 < model.rung_corr_se < 0.5 and "across its rungs" in model.describe()
+    assert model.corr(np.log(4.0)) == pytest.approx(model.rung_corr**2)  # two doublings apart: less
+    assert fit_noise(groups, True).rung_corr == 0.0  # one length: none
+
+
+def test_the_rung_correlation_leaves_the_seed_effect_out_and_falls_with_the_gap() -> None:
+    """Issue 41: a run's own noise correlates 0.5 between neighbouring rungs and 0.25 two apart, and every
+    configuration at a seed shares an effect (the same at every rung). The estimate is of the run's own noise
+    (the seed effect counted once, as `seed_var`), and its interval holds the truth."""
+    from explorer.noise import fit_noise
+
+    rng = np.random.default_rng(5)
+    lengths, seeds = [10, 20, 40], 4
+    corr = 0.5 ** np.abs(np.subtract.outer(range(3), range(3)))
+    seed_effect = 0.3 * rng.standard_normal(seeds)
+    groups = {}
+    for c in range(60):
+        z = rng.standard_normal((seeds, 3)) @ np.linalg.cholesky(corr).T
+        for j, e in enumerate(lengths):
+            logit = 1.5 + 0.02 * c + seed_effect + 0.25 * z[:, j]
+            groups[row_key(f"c{c}", e)] = dict(enumerate((1 / (1 + np.exp(-logit))).tolist()))
+    model = fit_noise(groups, True, config_of={r: r.split("@")[0] for r in groups},
+                      length_of={r: float(r.split("@")[1]) for r in groups})
+    z = np.arctanh(model.rung_corr)
+    assert abs(z - np.arctanh(0.5)) < 2 * model.rung_corr_se  # the old pooled estimate (seed effect left in) read 0.70
+    assert np.sqrt(model.seed_var) == pytest.approx(0.3, abs=0.12)
 
 
 def test_runs_still_learning_are_said_with_their_figure_and_a_longer_rungs_price() -> None:

@@ -217,17 +217,17 @@ def test_adaptive_replicates_do_not_starve_the_best() -> None:
 
 
 def test_decide_spends_seeds_on_undecided_questions_only() -> None:
-    """b and c are near-tied at the largest budget and stay undecided to the cap; far is clearly worse and
-    never gets a second seed. Twelve other configurations rank above far, so the first rounds that bring
-    the noise estimate to decisions.MIN_NOISE_DOF degrees of freedom (each question's best means) reach
-    it without far (with four configurations in all they could not, and far took seeds then)."""
+    """b and c are near-tied at the largest budget: not even every seed up to the cap would tell them apart
+    within 0.1 point, so they get no seeds past the first rounds (futile buying stops, issue 42); far is clearly
+    worse and never gets a second seed. Twelve other configurations rank above far, so the first rounds that
+    bring the noise estimate to decisions.MIN_NOISE_DOF degrees of freedom reach it without far."""
     params = {"a": 1, "b": 2, "c": 3, "far": 3, **{f"m{i:02d}": 1 + i % 3 for i in range(12)}}
     tables = {"a": {s: 0.5 + 0.01 * (s % 2) for s in range(4)}, "b": {s: 0.7 + 0.01 * (s % 2) for s in range(4)},
               "c": {s: 0.705 - 0.01 * (s % 2) for s in range(4)}, "far": {s: 0.1 + 0.01 * (s % 3) for s in range(4)},
               **{f"m{i:02d}": {s: 0.55 + 0.008 * i + 0.01 * ((s + i) % 2) for s in range(4)} for i in range(12)}}
     got = replay(tables, params, [0, 1, 2, 3], ReplicateSpec(policy="decide"), budgets=[1, 2, 3],
                  decision=DecisionSpec(delta=0.001))
-    assert len(got["c"]) == 4 and len(got["b"]) == 4 and got["far"] == [0]  # b vs c stays undecided: both to the cap
+    assert len(got["c"]) < 4 and len(got["b"]) < 4 and got["far"] == [0]  # b vs c cannot be decided: not bought to the cap
     capped = replay(tables, params, [0, 1, 2, 3], ReplicateSpec(policy="decide"), budgets=[3],
                     decision=DecisionSpec(delta=0.001, max_seeds=2))
     assert max(map(len, capped.values())) == 2

@@ -299,7 +299,7 @@ def _lengths(study: Study) -> dict[str, Any]:
     budget = study.spec.budget
     out: dict[str, Any] = {"widened": lambda limit: [(c.key, c.dims, c.params) for c in widened(study.space, limit)]}
     if len(budget.ladder) > 1:
-        out.update(epochs=study.target_epochs, lengths=budget.ladder, compute={e: budget.compute(e) for e in budget.ladder})
+        out.update(epochs=study.target_epochs, lengths=budget.ladder, budget=budget, seeds=study.seeds)
     return out
 
 

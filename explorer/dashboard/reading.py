@@ -69,8 +69,8 @@ def _study_objectives(meta: dict[str, Any], df: pd.DataFrame) -> list[tuple[str,
 
 
 def length_options(meta: dict[str, Any]) -> dict[str, Any]:
-    """What `summarize` needs of a study that trains several lengths (`meta["epochs"]`, `lengths`, `compute`)."""
-    return {k: meta[k] for k in ("epochs", "lengths", "compute") if meta.get(k)}
+    """What `summarize` needs of a study that trains several lengths (`meta["epochs"]`, `lengths`, `budget`, `seeds`)."""
+    return {k: meta[k] for k in ("epochs", "lengths", "budget", "seeds") if meta.get(k)}
 
 
 def summaries(frames: dict[str, pd.DataFrame], meta: dict[str, dict]) -> dict[str, pd.DataFrame]:

@@ -130,7 +130,7 @@ class Reads:
         budget = study.spec.budget
         return summarize(current_rows(trials_frame(ostudy), ostudy), study.task.metric, objectives,
                          first_seed=study.seeds[0], candidates=candidates, epochs=epochs or study.target_epochs,
-                         lengths=budget.ladder, compute={e: budget.compute(e) for e in budget.ladder}, **kwargs)
+                         lengths=budget.ladder, budget=budget, seeds=study.seeds, **kwargs)
 
     def answers(self, summary: pd.DataFrame) -> list[tuple[list[int], Answer]]:
         """The answer at each of the study's budgets (`decision.budgets`), budgets holding the same
