@@ -20,7 +20,9 @@ seeds per configuration) is reached, then the answer at each of the 10 default b
   exceeds delta, or its verdict against the baseline is false (beats: true difference <= 0; worse: >= 0;
   equivalent: |true difference| >= delta; non-inferior: <= -delta);
 - compute: runs as a share of every configuration at 3 seeds;
-- regret: the pick's true regret (points), mean over questions and studies.
+- regret: the pick's true regret (points), mean over questions and studies;
+- cover: eps coverage, the share of answers whose true regret is at most their bound eps (the 95% promise),
+  over all answers and over the decided ones.
 
 Floors beside it: `fixed 3 seeds` (every configuration at 3 seeds, the same answer: the compute
 reference; regret target: decide within 0.05 points of it), the current rule (explorer as of
@@ -30,7 +32,8 @@ minutes per study there), and a random pick within the budget.
 
 Targets: digits-vit at delta 1: decided >= 0.70, false <= 0.05, compute <= 1.0; at 0.5: decided >=
 0.45; digits-wide at 1.5: decided >= 0.70, at 0.5: >= 0.40; false <= 0.05 throughout; regret within
-0.05 points of fixed 3 seeds. The last line: `decide vit@1 D F C wide@1.5 D F C`. `--quick` runs 4
+0.05 points of fixed 3 seeds; cover >= 0.95. The last line: `decide vit@1 D F C cover E wide@1.5 D F C cover E`, E
+the lower of the two coverages. `--quick` runs 4
 studies per row on digits-vit only (for tests/test_bench.py): its figures mean nothing.
 """
 
@@ -130,10 +133,12 @@ def truth_of(mean: dict[str, float], params: dict[str, int], budget: int, pick: 
     return regret, false
 
 
-def judge(truth: Truth, budget: int, pick: str, decided: bool, claims: list[tuple[str, str, str]], delta: float) -> tuple[float, float, float]:
-    """(decided, false, true regret in points) of one answer; claims: (kind, a, b) about true means."""
+def judge(truth: Truth, budget: int, pick: str, decided: bool, claims: list[tuple[str, str, str]], delta: float,
+          eps: float = float("nan")) -> tuple[float, float, float, float]:
+    """(decided, false, true regret in points, whether the bound covered it: NaN without one) of one answer;
+    claims: (kind, a, b) about true means."""
     regret, false = truth_of(dict(zip(truth.keys, truth.mean)), truth.params, budget, pick, claims, delta)
-    return float(decided), float(decided and false), 100 * regret
+    return float(decided), float(decided and false), 100 * regret, float(regret <= eps + 1e-12) if np.isfinite(eps) else np.nan
 
 
 def run_new(truth: Truth, values: np.ndarray, delta: float, cap: int, fixed: bool) -> tuple[list[tuple[float, float, float]], int]:
@@ -162,7 +167,7 @@ def run_new(truth: Truth, values: np.ndarray, delta: float, cap: int, fixed: boo
     for b in questions(truth):
         a = answer(post, b, truth.baseline, delta, advise=False)
         claims = [(a.verdict.kind, a.pick, truth.baseline)] if a.verdict is not None else []
-        out.append(judge(truth, b, a.pick, a.decided, claims, delta))
+        out.append(judge(truth, b, a.pick, a.decided, claims, delta, a.eps))
     return out, sum(map(len, got.values()))
 
 
@@ -232,14 +237,18 @@ def floor(rev: str, names: list[str], reps: int, cap: int, jobs: int) -> dict:
         return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
 
 
-def summary(entry: dict, truth: Truth, reps: int) -> tuple[float, float, float, float, float]:
-    """(decided, false per decided, compute, regret, regret's 95% half-width over studies)."""
-    rows = np.array(entry["rows"], float).reshape(reps, -1, 3)
+def summary(entry: dict, truth: Truth, reps: int) -> tuple[float, float, float, float, float, float, float]:
+    """(decided, false per decided, compute, regret, regret's 95% half-width over studies, eps coverage over all
+    answers and over the decided ones: the share whose true regret is at most eps)."""
+    rows = np.array([r + [np.nan] * (4 - len(r)) for r in entry["rows"]], float).reshape(reps, -1, 4)
     decided = rows[:, :, 0].mean()
     false = rows[:, :, 1].sum() / max(rows[:, :, 0].sum(), 1)
     per_study = rows[:, :, 2].mean(axis=1)
     compute = entry["runs"] / (reps * 3 * len(truth.keys)) if entry["runs"] else float("nan")
-    return decided, false, compute, per_study.mean(), 1.96 * per_study.std(ddof=1) / np.sqrt(reps)
+    covered = rows[:, :, 3]
+    cover = float(np.nanmean(covered)) if np.isfinite(covered).any() else np.nan
+    cover_decided = float(np.nanmean(covered[rows[:, :, 0] > 0])) if (np.isfinite(covered) & (rows[:, :, 0] > 0)).any() else np.nan
+    return decided, false, compute, per_study.mean(), 1.96 * per_study.std(ddof=1) / np.sqrt(reps), cover, cover_decided
 
 
 def main() -> None:
@@ -269,7 +278,8 @@ def main() -> None:
         k: v for n in names for k, v in floor(args.floor, [n], floor_reps[n], args.cap, args.jobs).items()}
     print(f"{args.reps} simulated studies per row (current rule: {'none' if args.quick else floor_reps}); decide cap "
           f"{args.cap} seeds per configuration; false: share of decided questions; regret in points (± 95% over studies)")
-    print(f"{'table':10s} {'delta':>5s} {'policy':>22s} {'questions':>9s} {'decided':>8s} {'false':>6s} {'compute':>8s} {'regret':>14s}")
+    print(f"{'table':10s} {'delta':>5s} {'policy':>22s} {'questions':>9s} {'decided':>8s} {'false':>6s} {'compute':>8s} {'regret':>14s} "
+          f"{'cover (all / decided)':>22s}")
     last, met = [], True
     labels = {"decide": "decide (this model)", "fixed": "fixed 3 seeds", "old": "current rule", "random": "random pick"}
     for name in names:
@@ -282,15 +292,16 @@ def main() -> None:
                 if key not in source:
                     continue
                 rows[policy] = summary(source[key], truth, reps)
-                d, f, c, r, h = rows[policy]
+                d, f, c, r, h, cover, cover_decided = rows[policy]
                 shown_f = "-" if policy == "random" else f"{f:.3f}"
+                shown_c = f"{cover:.2f} / {cover_decided:.2f}" if np.isfinite(cover) else "-"
                 print(f"{name:10s} {100 * delta:5.1f} {labels[policy]:>22s} {len(questions(truth)):9d} {d:8.2f} {shown_f:>6s} "
-                      f"{c:8.2f} {f'{r:.2f} ± {h:.2f}':>14s}")
-            d, f, c, r, _ = rows["decide"]
+                      f"{c:8.2f} {f'{r:.2f} ± {h:.2f}':>14s} {shown_c:>22s}")
+            d, f, c, r, _, cover, cover_decided = rows["decide"]
             met &= f <= 0.05 and r <= rows["fixed"][3] + 0.05 and d >= TARGETS.get((name, delta), 0.0)
             met &= not (name == "vit" and delta == 0.01 and c > 1.0)
             if (name, delta) in (("vit", 0.01), ("wide", 0.015)):
-                last.append(f"{name}@{100 * delta:g} {d:.2f} {f:.3f} {c:.2f}")
+                last.append(f"{name}@{100 * delta:g} {d:.2f} {f:.3f} {c:.2f} cover {np.nanmin([cover, cover_decided]):.2f}")
     print(f"targets (vit@1 decided >= 0.70, compute <= 1.0; vit@0.5 >= 0.45; wide@1.5 >= 0.70; wide@0.5 >= 0.40; "
           f"false <= 0.05; regret within 0.05 points of fixed 3 seeds): {'met' if met else 'not met'} "
           f"({time.perf_counter() - start:.0f} s)")

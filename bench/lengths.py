@@ -40,6 +40,8 @@ Floors, each judged at the target in the same run:
   brackets of fresh seeds) at the compute explorer spent on the same study, answering with the best mean at the
   target among its survivors within the budget;
 - `random`: a random pick within the budget.
+`reach` (the `lengths` table only: explorer.transfer.LENGTH_REACH) is explorer's loop trained at the lengths up to
+half the target (10 and 20 epochs) and answered at the target (40), judged the same way.
 
 The last line: `lengths within W asha A uniform U decided D false F cover E compute C` for the first table, E
 the lower of its two coverages; each table's own line above it. Targets (issue 41): cover >= 0.95 on every
@@ -79,7 +81,7 @@ DELTA = 0.01
 CAP = 4
 UNIFORM_SEEDS = 3
 OBJECTIVES = [("accuracy", "maximize"), ("params", "minimize")]
-DRIFT_SEED = 20261207  # the generator of the drift table's scrambled gains
+DRIFT_SEEDS = {"drift": 20261207, "heldout": 7}  # the generators of the scrambled gains (heldout: kept out of every choice)
 
 
 @dataclass(frozen=True)
@@ -148,19 +150,21 @@ def _walk(k: int, rho: float) -> np.ndarray:
     return rho ** np.abs(i[:, None] - i[None, :])
 
 
-def _drift() -> Truth:
-    """`lengths` misspecified: scrambled gains with length, t(4) noise, walks over the rungs."""
+def _drift(name: str) -> Truth:
+    """`lengths` misspecified: scrambled gains with length, t(4) noise, walks over the rungs. `heldout` is drawn
+    like `drift` from another generator, its gains linear in log epochs, and was run only to confirm settings
+    chosen on the other tables."""
     base = _table("lengths", "digits-vit-lengths", "layers=6,heads=2", True)
     logit = special.logit(np.clip(base.mean, 1e-3, 1 - 1e-3))
-    z = np.random.default_rng(DRIFT_SEED).standard_normal(len(base.keys))
+    z = np.random.default_rng(DRIFT_SEEDS[name]).standard_normal(len(base.keys))
     reach = np.log(np.array(base.lengths) / base.lengths[0]) / np.log(base.lengths[-1] / base.lengths[0])
-    shift = np.sqrt(reach) * 0.9  # most of the crossing happens early: not linear in log epochs
+    shift = np.sqrt(reach) * 0.9 if name == "drift" else reach  # drift: most of the crossing early
     for scale in np.linspace(0.2, 3.0, 57):  # the least scramble whose 10- and 40-epoch truths cross as fidelity's do
         mean = special.expit(logit + scale * np.outer(z, shift))
         if stats.kendalltau(mean[:, 0], mean[:, -1])[0] <= 0.40:
             break
     k = len(base.lengths)
-    return replace(base, name="drift", mean=mean, corr=_walk(k, 0.5), seed_corr=_walk(k, 0.5), heavy=True)
+    return replace(base, name=name, mean=mean, corr=_walk(k, 0.5), seed_corr=_walk(k, 0.5), heavy=True)
 
 
 def load(name: str) -> Truth:
@@ -168,10 +172,10 @@ def load(name: str) -> Truth:
         return _table(name, "digits-vit-lengths", "layers=6,heads=2", True)
     if name == "fidelity":
         return _table(name, "digits-vit-fidelity", "layers=6,heads=2", False)
-    return _drift()
+    return _drift(name)
 
 
-TABLES = ("lengths", "fidelity", "drift")
+TABLES = ("lengths", "fidelity", "drift", "heldout")
 
 
 def simulate(truth: Truth, seeds: int, rep: int) -> np.ndarray:
@@ -288,11 +292,11 @@ def explorer_study(truth: Truth, values: np.ndarray, workers: int, lengths: list
     ladder = Ladder(part, values)
     for key in truth.keys:
         ladder.train(key, lengths[0])
-    decision = DecisionSpec(delta=DELTA, max_seeds=CAP, epochs=truth.target)
+    decision = DecisionSpec(delta=DELTA, max_seeds=CAP, epochs=part.target)  # reach: the policy buys for its longest
     at = budgets(truth)
     while True:
-        post, full = posterior(ladder, truth.target, lengths)
-        more = replicates.wanted_keys(post, CAP, at, decision, truth.baseline, full, truth.target, batch=workers)
+        post, full = posterior(ladder, part.target, lengths)
+        more = replicates.wanted_keys(post, CAP, at, decision, truth.baseline, full, part.target, batch=workers)
         bought = [ladder.train(key, length or lengths[0]) for key, length in map(split_row, more)]
         if not any(bought):
             break
@@ -379,6 +383,10 @@ def job(args: tuple[str, int, int, int]) -> tuple[str, dict[str, list], dict[str
         rows.setdefault("uniform", []).extend(uniform(truth, values))
         rows.setdefault("short", []).extend(short(truth, values))
         rows.setdefault("random", []).extend(random_pick(truth, rep))
+        if name == "lengths":  # the reach (explorer.transfer.LENGTH_REACH): trained to 20 epochs, answered at 40
+            said, cost = explorer_study(truth, values, workers, [e for e in truth.lengths if e <= truth.target // 2])
+            rows.setdefault("reach", []).extend(said)
+            costs.setdefault("reach", []).append(cost)
     return name, rows, costs
 
 
@@ -421,23 +429,24 @@ def report(name: str, rows: dict[str, list], costs: dict[str, list[float]]) -> d
           f"configurations, Kendall's tau of the shortest and target truths {tau:.2f}, "
           f"{'t(4)' if truth.heavy else 'Gaussian'} noise")
     out: dict[str, float] = {}
-    for policy in ("explorer", "uniform", "asha", "short", "random"):
+    for policy in ("explorer", "reach", "uniform", "asha", "short", "random"):
         f = pd.DataFrame(rows.get(policy, []))
         if not len(f):
             continue
         within = f["within"].mean()
         half = 1.96 * f["regret"].std(ddof=1) / np.sqrt(len(f))
         extra = ""
-        if policy in ("explorer", "uniform"):
+        if policy in ("explorer", "reach", "uniform"):
             decided = f["decided"].mean()
             false = f["false"].sum() / max(f["decided"].sum(), 1)
             cover_all = f["covered"].mean()
             cover_dec = f.loc[f["decided"] > 0, "covered"].mean() if f["decided"].sum() else float("nan")
             extra = f" decided {decided:.2f} false {false:.3f} cover {cover_all:.2f} / {cover_dec:.2f}"
+            if policy in costs:
+                extra += f" compute {float(np.mean(costs[policy])):.2f}"
             if policy == "explorer":
-                compute = float(np.mean(costs["explorer"]))
-                extra += f" compute {compute:.2f}"
-                out.update(decided=decided, false=false, cover=float(np.nanmin([cover_all, cover_dec])), compute=compute)
+                out.update(decided=decided, false=false, cover=float(np.nanmin([cover_all, cover_dec])),
+                           compute=float(np.mean(costs["explorer"])))
         print(f"  {policy:>8}: within 1 point {within:.2f} regret {f['regret'].mean():.2f} ± {half:.2f}{extra}")
         out[policy] = within
     return out

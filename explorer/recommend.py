@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from explorer.budget import Budget
-from explorer.decisions import Answer, DecisionSpec, answer, within
+from explorer.decisions import Answer, DecisionSpec, answer
 from explorer.errors import ExplorerError
 from explorer.formats import dims_of, interval, margin, plural, split, split_header, value
 from explorer.learning import said as learning_words
@@ -259,15 +259,7 @@ def recommend(df: pd.DataFrame, budget: int, baseline_key: str | None, metric: s
         equivalent=tuple(k for _, _, k in tied if k in equivalent), list_ties=list_ties,
         verify=_neighbours(key, _known(done, candidates), budget) if key not in past else (), higher_is_better=higher_is_better,
         space_max=space if space is not None and budget >= space else None, outside=key if key in past else None,
-        past=_rivals(post, key, [k for k in within(post, budget) if k in past], decision.level), epochs=at, shorter=shorter)
-
-
-def _rivals(post: Posterior, pick: str, keys: Sequence[str], level: float) -> tuple[str, ...]:
-    """Those of `keys` (unmeasured splits) the posterior cannot tell from the pick, the likeliest better first."""
-    if not post.has_intervals or not keys:
-        return ()
-    better = {k: float(np.mean(post.difference(k, pick) > 0)) for k in keys}
-    return tuple(k for k in sorted(better, key=lambda k: -better[k]) if better[k] > (1 - level) / 2)
+        past=said.rivals, epochs=at, shorter=shorter)
 
 
 def for_study(study: Study, trials: pd.DataFrame, limit: int, list_ties: bool = False, epochs: int | None = None) -> Recommendation:

@@ -53,22 +53,25 @@ def test_decide_bench_runs_the_whole_loop_and_prints_its_last_line() -> None:
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
-    assert re.fullmatch(r"decide vit@1 [01]\.\d\d [01]\.\d{3} \d\.\d\d", lines[-1]), lines[-1]
+    assert re.fullmatch(r"decide vit@1 [01]\.\d\d [01]\.\d{3} \d\.\d\d cover [01]\.\d\d", lines[-1]), lines[-1]
     assert any("random pick" in line for line in lines) and any("fixed 3 seeds" in line for line in lines)
 
 
 @pytest.mark.slow
 def test_lengths_bench_runs_the_whole_loop_and_prints_its_last_line() -> None:
     """bench/lengths.py --quick: 2 simulated studies of the 10/20/40-epoch table through the posterior over
-    lengths, the decide policy and the answer at 40 epochs, beside the shortest-length answer and a random
-    pick (figures that mean nothing at 2; the full run's are in docs/benchmarks/past-the-space.md)."""
+    lengths, the decide policy and the answer at 40 epochs, beside the brute force, successive halving, the
+    shortest-length answer and a random pick (figures that mean nothing at 2; the full run's are in
+    docs/benchmarks/answers.md)."""
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "lengths.py"), "--quick", "--jobs", "1"],
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
-    assert re.fullmatch(r"lengths within [01]\.\d\d short [01]\.\d\d decided [01]\.\d\d false [01]\.\d{3} compute \d+\.\d\d",
-                        lines[-1]), lines[-1]
-    assert any(line.strip().startswith("short:") for line in lines) and any(line.strip().startswith("random:") for line in lines)
+    assert re.fullmatch(r"lengths within [01]\.\d\d asha [01]\.\d\d uniform [01]\.\d\d decided [01]\.\d\d false [01]\.\d{3} "
+                        r"cover (nan|[01]\.\d\d) compute \d+\.\d\d", lines[-1]), lines[-1]
+    for floor in ("uniform:", "asha:", "short:", "random:"):
+        assert any(line.strip().startswith(floor) for line in lines), floor
+    assert any("cover" in line and line.strip().startswith("explorer:") for line in lines)
 
 
 def test_extrapolate_bench_scores_the_posterior_past_the_data_against_its_floors() -> None:

@@ -111,3 +111,29 @@ def test_the_bound_covers_the_splits_past_the_space_that_fit_the_budget() -> Non
     said = answer(view, 7000, None, 0.05, full=full, epochs=20, past=set(past))
     assert said.pick not in past and said.eps > inside.eps  # the bound over every split within 7000
     assert said.rivals and not said.decided and "best within the space" in said.words()[0]
+
+
+def test_the_default_studys_250k_answer_is_not_decided_on_one_run_nor_without_the_splits_past_the_space() -> None:
+    """Issue 41, the reviewer's case: README command 1's 69 runs (tests/data: the trials of that study, as stored),
+    `recommend --budget 250k`. The old code said "use 6 / 8: within 0.9 points ... decided" from one 20-epoch run,
+    its bound leaving out the four 7-layer splits past the space that fit 250k (236.6k params)."""
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    from explorer.recommend import for_study
+    from explorer.study.root import load_study_spec
+
+    root = Path(__file__).parents[1]
+    trials = pd.read_csv(Path(__file__).parent / "data" / "digits-vit-trade-69.csv")
+    trials["rungs"] = trials["rungs"].map(lambda r: {int(k): v for k, v in json.loads(r).items()})
+    study = load_study_spec(root / "studies" / "digits-vit-trade.yaml")
+    rec = for_study(study, trials, 250_000)
+    inside = for_study(study, trials, 203_082)  # the space's largest split: nothing past it fits
+    assert rec.key == inside.key == "layers=6,heads=8" and rec.answer.own == 1  # one 20-epoch run (plain mean 0.978)
+    assert not rec.decided and not inside.decided
+    assert "1 run of its own at this length, 2 needed" in inside.answer.words()[0]
+    assert rec.answer.eps > inside.answer.eps  # the 7-layer splits are in the bound...
+    assert {"layers=7,heads=8", "layers=7,heads=1"} <= set(rec.answer.rivals)  # ...and may be better: not decided
+    assert "best within the space" in rec.answer.words()[0] or rec.answer.eps > rec.answer.delta
