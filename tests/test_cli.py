@@ -170,7 +170,7 @@ def test_read_only_commands_never_write_and_report_a_changed_study(tmp_path: Pat
     result = runner.invoke(app, ["recommend", str(path), "--budget", "1M", "--verify"])
     assert isinstance(result.exception, ExplorerError) and "not queued" in str(result.exception)
     result = runner.invoke(app, ["run", str(path), "--no-dashboard"])
-    assert isinstance(result.exception, ExplorerError) and "another budget; rerun with --force" in str(result.exception)
+    assert isinstance(result.exception, ExplorerError) and "another budget (epochs 1 -> 3); rerun with --force" in str(result.exception)
     assert db.read_bytes() == before
 
 

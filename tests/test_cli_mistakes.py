@@ -206,10 +206,10 @@ def test_two_yamls_with_one_name_sharing_a_database_are_told_so(
     other = tmp_path / "other.yaml"  # the same `name:` beside it: the same default database, another question
     other.write_text(yaml.safe_dump({**yaml.safe_load(first.read_text()), "budget": {**QUICK, "lr": 0.01}}))
     line = one_line(["run", other, "--no-dashboard"], monkeypatch, capsys)
-    assert f"already holds a study named 'tiny', made from {first.resolve()} (another budget)" in line
+    assert f"already holds a study named 'tiny', made from {first.resolve()} (another budget (lr 0.003 -> 0.01))" in line
     assert "give this YAML its own `name:` or `storage:`" in line and "made with another" not in line
     _, _, err = main("status", other, monkeypatch=monkeypatch, capsys=capsys)
-    assert "already holds a study named 'tiny'" in err.splitlines()[0]
+    assert " ".join(err.split()).startswith(f"note: {other}: {tmp_path / 'tiny.db'} already holds a study named 'tiny'")
 
 
 # -- words ----------------------------------------------------------------------------------------------------
