@@ -142,8 +142,8 @@ def test_export_follows_the_extension_or_refuses_and_an_unwritable_place_is_one_
     path = write_study(tmp_path / "s", budget=QUICK, n_trials=1)
     assert main("run", path, "--no-dashboard", monkeypatch=monkeypatch, capsys=capsys)[0] == 0
     code, out, _ = main("export", path, "--out", tmp_path / "x.parquet", monkeypatch=monkeypatch, capsys=capsys)
-    assert code == 0 and "1 configuration ->" in out  # singular (the trials include the grid's queued ones)
-    assert len(pd.read_parquet(tmp_path / "x.parquet")) == 6 and len(pd.read_parquet(tmp_path / "x.configs.parquet")) == 1
+    assert code == 0 and "1 trial (5 queued, never started, left out) ->" in out and "1 configuration at 1 epoch ->" in out
+    assert len(pd.read_parquet(tmp_path / "x.parquet")) == 1 and len(pd.read_parquet(tmp_path / "x.configs.parquet")) == 1
     assert "export writes .csv or .parquet" in one_line(["export", path, "--out", tmp_path / "t.json"], monkeypatch, capsys)
     clash = one_line(["export", path, "--out", tmp_path / "t.csv", "--format", "parquet"], monkeypatch, capsys)
     assert "t.csv names a csv file and the format asked is parquet" in clash

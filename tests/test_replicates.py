@@ -74,10 +74,10 @@ def test_recommend_reports_ties_the_smallest_and_the_baseline() -> None:
     rec = recommend(synthetic_frame(table, params), 300, "base")
     assert rec.key == "big" and rec.n == 3 and rec.tied == ("mid",)
     assert rec.answer.verdict.kind == "beats" and rec.answer.verdict.lo > 0
-    text = "\n".join(rec.lines())
+    text = "\n".join(rec.lines(explain=True))  # the ties are among the details
     assert "the smallest: mid, 200 params" in text and "big beats the baseline base: +" in text
     same = recommend(synthetic_frame(table, {**params, "mid": 300}), 300, "base")
-    assert same.tied == ("mid",) and "none of them is smaller" in "\n".join(same.lines())
+    assert same.tied == ("mid",) and "none of them is smaller" in "\n".join(same.lines(explain=True))
 
 
 # -- replicates in a real study -----------------------------------------------------------------------------
