@@ -101,9 +101,10 @@ class Recommendation:
 
     def lines(self, explain: bool = False) -> list[str]:
         """The answer in a few lines: the pick with its bound (decided or not) and its value, the verdict against
-        the baseline, and what would decide it or what to do next. `explain` adds the posterior's model, the
-        ties, the neighbours to measure, pruned configurations and whether the runs still learn; without it, a
-        last line says what it would add."""
+        the baseline, and what would decide it or what to do next (for a decided, measured pick, nothing: at
+        most 6 lines at 80 columns). `explain` adds the posterior's model, what lies past the space, the ties,
+        the neighbours to measure, pruned configurations and whether the runs still learn; without it, a last
+        line names what it would add."""
         unit, what = self.units()
         said = self.answer.words(unit, what)
         at = f" at {epochs_words(self.epochs)}" if self.epochs is not None else ""
@@ -116,8 +117,10 @@ class Recommendation:
             rest[-1] = (f"{epochs_words(self.epochs)} is not a length the study trains ({', '.join(map(str, self.ladder))} "
                         f"epochs): `explorer recommend ... --verify --epochs {self.epochs}` trains the pick and its "
                         "rivals there, or add it to budget.epochs")
-        out += rest + self._next_steps(checked=off)
-        details = self._details(unit, what)
+        out += rest
+        steps = self._next_steps(checked=off)  # a decided, measured pick needs none of them to be acted on
+        details = [("past the space", steps if self.decided and self.kind == "measured" else []), *self._details(unit, what)]
+        out += [] if details[0][1] else steps
         out += [line for name, lines in details if explain or (name == "ties" and self.list_ties) for line in lines]
         hidden = [name for name, lines in details if lines and not explain and not (name == "ties" and self.list_ties)]
         hidden = ["the model", *hidden] if self.model and not explain else hidden
@@ -178,8 +181,7 @@ class Recommendation:
                         f"{', '.join(around)}")
         pruned = [f"pruned within budget, never completed (a pruned configuration comes back once when the evidence "
                   f"against it weakens): {', '.join(map(split, self.pruned))}"] if self.pruned else []
-        return [("ties", ties), ("neighbours to measure", near), ("pruned configurations", pruned),
-                ("runs still learning", [self.learning] if self.learning else [])]
+        return [("ties", ties), ("neighbours", near), ("pruned", pruned), ("learning", [self.learning] if self.learning else [])]
 
     def _value(self) -> str:
         """The pick's size and value with its interval and where it comes from, in one line where it fits."""
@@ -201,7 +203,7 @@ class Recommendation:
         free = dims_of(self.key)
         shape = ", ".join(f"{d} {self.dims[d]}" for d in ("mlp", "width") if self.dims.get(d) is not None and d not in free)
         label = "; ".join(filter(None, (split_header(free) if free else "", shape)))
-        measured = (f": plain mean {value(self.raw, self.higher_is_better)} of its {plural(self.n, 'seed')}, first "
+        measured = (f": plain mean {value(self.raw, self.higher_is_better)} of {plural(self.n, 'seed')}, first "
                     f"measured by trial {self.trial}" if self.kind == "measured" and self.trial is not None else "")
         return f"{split(self.key)}{f' ({label})' if label else ''}{measured}" if label or measured else ""
 

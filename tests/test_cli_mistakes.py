@@ -18,7 +18,7 @@ import pytest
 import yaml
 from conftest import TINY_SPACE, write_study
 
-from explorer import cli
+from explorer import cli, cli_app, terminal
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = {"epochs": 1, "max_steps": 2, "batch_size": 64, "lr": 0.003, "seed": 0}
@@ -167,7 +167,7 @@ def test_params_refuses_a_space_with_a_family_and_names_the_defaults_it_counts(
     code, out, _ = main("params", "--family", "crammed-bert", "-f", "json", monkeypatch=monkeypatch, capsys=capsys)
     row = pd.read_json(io.StringIO(out)).iloc[0]
     assert code == 0 and (row["layers"], row["heads"], row["width"], row["mlp"]) == (16, 12, 768, 3072)
-    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setattr(cli_app, "out", terminal.console(width=200))  # COLUMNS is read when the console is made
     table = main("params", "--family", "crammed-bert", "--layers", "10", monkeypatch=monkeypatch, capsys=capsys)[1]
     assert "not given, so the family's defaults: heads 12, width 768, mlp 3072" in table and "layers 16" not in table
 

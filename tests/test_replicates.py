@@ -109,7 +109,8 @@ def test_replicate_seed_sets_one_data_order_across_configurations(tmp_path: Path
     shown = CliRunner().invoke(app, ["status", str(path)], env={"COLUMNS": "200"})
     assert shown.exit_code == 0, shown.output
     assert "6/6 configurations measured, 12 runs" in shown.output
-    assert "replicates (fixed), seeds [0, 1]: 12 runs of the 12 that every measured configuration at 2 seeds would take (100%)" in shown.output
+    assert "replicates (fixed), seeds [0, 1]: 12 runs of the 12 that every measured configuration at 2 seeds would take (100%)" in " ".join(
+        shown.output.split())  # prose wraps at the console's width
     assert "Pareto front of posterior means" in shown.output and "P(front)" in shown.output
     assert shown.output.startswith("Answers at the study's budgets")  # status leads with the answer at each budget
 
