@@ -35,6 +35,7 @@ from explorer.yamlio import validation_error
 if TYPE_CHECKING:  # the study's machinery (torch through its tasks, scipy through the statistics) loads on first
     # use, inside the functions below: `params` needs none of it
     from explorer.decisions import Answer
+    from explorer.export import Exported
     from explorer.recommend import Recommendation
     from explorer.study import Study, StudySpec
 
@@ -135,20 +136,21 @@ class Experiment:
             summary=_with_free_dims(self.study, summary), trials=frame, set_aside=study.reads.set_aside(ostudy), free_dims=list(study.space.free_dims), metric=self.metric,
             answers=study.reads.answers(summary), higher_is_better=study.task.higher_is_better,
             classes=study.reads.classes_note(ostudy), epochs=summary.attrs.get("epochs"),
-            learning=study.reads.learning(frame),
+            learning=study.reads.learning(frame), lengths=tuple(study.spec.budget.ladder),
         )
 
-    def export(self, target: str | Path, format: str | None = None) -> tuple[Path, Path, int, int]:
-        """Write the trials table to `target` and the per-configuration table beside it (t.csv -> t.configs.csv;
-        parquet likewise), in the format the extension names (`format` may repeat it; without an extension:
-        `format`, default csv); returns both paths and their row counts (explorer.export)."""
+    def export(self, target: str | Path, format: str | None = None) -> Exported:
+        """Write the trials table to `target` (the trials that ran) and the per-configuration table beside it, a
+        row per configuration and length (t.csv -> t.configs.csv; parquet likewise), in the format the extension
+        names (`format` may repeat it; without an extension: `format`, default csv); returns what it wrote
+        (explorer.export.Exported: both paths, the counts, `.lines()` in words)."""
         from explorer.export import export_format, write
 
         target = Path(target)
         format = export_format(target, format)  # a contradiction is refused before the storage is read
-        frame = self.trials()
-        configs = self.study.reads.summary(self.optuna_study())  # at the study's target length, as status reads it
-        return target, write(frame, configs, target, format), len(frame), len(configs)
+        ostudy = self.optuna_study()
+        configs = {e: self.study.reads.summary(ostudy, epochs=e) for e in self.study.spec.budget.ladder}
+        return write(self.trials(), configs, target, format)
 
     def optuna_study(self) -> optuna.Study:
         """The stored Optuna study, loaded without writing to it (an ExplorerError if it was never run);
@@ -314,6 +316,7 @@ class Status:
     classes: str | None = None  # trials of more than one execution class (CPU and GPU): which are read, which set aside
     epochs: int | None = None  # the length the answers are for, where the study trains several
     learning: str | None = None  # the runs were still learning when they stopped (explorer.learning), in words
+    lengths: tuple[int, ...] = ()  # the lengths (epochs) the study trains, shortest first
 
 
 def dashboard(studies: list[str | Path], out: str | Path | None = None) -> Path:
@@ -366,20 +369,24 @@ def params(space: str | Path | None = None, family: str | None = None,
     n = fam.params(full)
     shown = {k: full[k] for k in ("layers", "heads", "width", "mlp") if full.get(k) is not None}
     defaulted = [f"{k} {v}" for k, v in full.items() if k not in given and v is not None]
-    said = f"; not given, so the family's defaults: {', '.join(defaulted)}" if defaulted else ""
+    other = [f"{k} {v}" for k, v in given.items() if k not in shown]  # --dim's, named here as the defaults are
+    said = (f"; given: {', '.join(other)}" if other else "") + (
+        f"; not given, so the family's defaults: {', '.join(defaulted)}" if defaulted else "")
     return (pd.DataFrame([{**shown, **given, "params": n, "M": format_count(n), "flops": fam.flops(full)}]),
             f"{family}, counted {fam.counting}{said}")
 
 
 def condition(space: str | Path, task: str = "digits", options: Mapping[str, Any] | None = None, seeds: int = 3,
-              regimes: tuple[str, ...] = ("fixed-width",), head_dim: int | None = None) -> pd.DataFrame:
-    """κ(A) of the attention blocks at initialisation for each configuration of a space (explorer.conditioning)."""
+              regimes: tuple[str, ...] = ("fixed-width",), head_dim: int | None = None,
+              progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+    """κ(A) of the attention blocks at initialisation for each configuration of a space (explorer.conditioning);
+    `progress(done, total)` after each configuration."""
     from explorer.conditioning import condition_table
     from explorer.space import load_space
     from explorer.tasks import get_task
 
     return condition_table(load_space(space), get_task(task, dict(options or {})), seeds=tuple(range(seeds)),
-                           regimes=regimes, head_dim=head_dim)
+                           regimes=regimes, head_dim=head_dim, progress=progress)
 
 
 def load(path: str | Path) -> Experiment:

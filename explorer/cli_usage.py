@@ -107,7 +107,7 @@ def failed(e: Exception, err: Console, app: typer.Typer, argv: list[str]) -> int
     if debugging():
         raise e
     if isinstance(e, ExplorerError):
-        say(err, f"error: {e}")
+        say(err, f"error: {e}", wrap=False)
         return 1
     said = usage_error(e, app, argv)
     if said is not None:
@@ -117,6 +117,6 @@ def failed(e: Exception, err: Console, app: typer.Typer, argv: list[str]) -> int
     if type(e).__name__ == "Abort":  # click's answer to Ctrl-C in a prompt
         return 130
     if isinstance(e, OSError):
-        say(err, f"error: {e.filename}: {e.strerror}" if e.filename and e.strerror else f"error: {e}")
+        say(err, f"error: {e.filename}: {e.strerror}" if e.filename and e.strerror else f"error: {e}", wrap=False)
         return 1
     raise e

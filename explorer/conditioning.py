@@ -40,7 +40,7 @@ the CPU: medians, because a few degenerate inputs (a blank digit) would dominate
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -205,8 +205,10 @@ def condition_table(
     samples: int = 32,
     regimes: Sequence[Regime] = ("fixed-width",),
     head_dim: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> pd.DataFrame:
-    """κ at initialisation for each configuration `sweep` gives, on `samples` eval inputs.
+    """κ at initialisation for each configuration `sweep` gives, on `samples` eval inputs; `progress(done,
+    total)` after each configuration (the command line's progress bar).
 
     One row per (regime, configuration): regime, key, layers, heads, width, head_dim, params;
     `kappa` (token-attention blocks: geometric mean over blocks and seeds), `kappa_first` /
@@ -226,7 +228,8 @@ def condition_table(
     family = space.family
     x = next(iter(task.load(samples, seed=0).eval))[0][:samples]
     rows: list[dict[str, Any]] = []
-    for which, dims in sweep(space, regimes, head_dim):
+    swept = sweep(space, regimes, head_dim)
+    for which, dims in swept:
         per_seed = []
         for seed in seeds:
             torch.manual_seed(seed)
@@ -252,6 +255,8 @@ def condition_table(
                 "missing": [b["name"] for b in blocks if b["kappa"] is None],
             }
         )
+        if progress is not None:
+            progress(len(rows), len(swept))
     rows.sort(key=lambda r: (
         REGIMES.index(r["regime"]), r["width"] if r["regime"] == "fixed-width" else r["head_dim"], r["layers"], r["heads"]
     ))

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from explorer.errors import ExplorerError
 from explorer.formats import margin as with_unit
-from explorer.formats import bound, plural, split, value
+from explorer.formats import bound, epochs_words, plural, split, value
 from explorer.posterior import LEVEL, Posterior, Regret, lengths
 from explorer.rows import row_key, split_row
 from explorer.voi import seeds_to_decide
@@ -230,7 +230,7 @@ class Answer:
 def shown(row: str) -> str:
     """A configuration, or a (configuration, length) row, in words: `3 / 8`, `3 / 8 at 40 epochs`."""
     key, epochs = split_row(row)
-    return split(key) if epochs is None else f"{split(key)} at {epochs} epochs"
+    return split(key) if epochs is None else f"{split(key)} at {epochs_words(epochs)}"
 
 
 def within(posterior: Posterior, budget: int) -> tuple[str, ...]:

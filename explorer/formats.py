@@ -53,6 +53,11 @@ def plural(n: int, word: str, many: str | None = None) -> str:
     return f"{n} {word if n == 1 else many or word + 's'}"
 
 
+def epochs_words(n: int) -> str:
+    """A length: `1 epoch`, `20 epochs`."""
+    return plural(int(n), "epoch")
+
+
 def value(x: float, accuracy_like: bool) -> str:
     """A metric's value: 3 decimals for an accuracy-like metric, else 4 significant digits; empty if missing."""
     if x is None or not math.isfinite(x):

@@ -19,6 +19,7 @@ import pandas as pd
 from scipy import special
 
 from explorer.budget import Budget
+from explorer.formats import epochs_words
 
 MIN_RUNS = 3
 
@@ -44,7 +45,7 @@ class StillLearning:
         rise = "rises" if self.gain > 0 else "falls"
         return (f"runs are still learning: {metric} {rise} {unit * abs(self.gain):.1f} {what} from {self.before} to "
                 f"{self.after} (95% interval {unit * self.lo:+.1f} to {unit * self.hi:+.1f}, {self.runs} runs); a "
-                f"rung of {self.longer} epochs costs about {_duration(self.seconds)} a run here (add it to budget.epochs)")
+                f"rung of {self.longer} epochs costs {_duration(self.seconds)} a run here (add it to budget.epochs)")
 
 
 def still_learning(frame: pd.DataFrame, metric: str, higher_is_better: bool, budget: Budget) -> StillLearning | None:
@@ -58,7 +59,7 @@ def still_learning(frame: pd.DataFrame, metric: str, higher_is_better: bool, bud
         low, high = ladder[-2], ladder[-1]
         pairs = [r for r in done["rungs"] if isinstance(r, dict) and low in r and high in r]
         rise = np.array([sign * (r[high] - r[low]) for r in pairs])
-        before, after = f"{low} epochs", f"{high} epochs"
+        before, after = epochs_words(low), epochs_words(high)
     else:
         length = ladder[-1]
         curves = [list(c) for c in done["curve"] if isinstance(c, (list, tuple)) and len(c) == length]
@@ -98,4 +99,6 @@ def _per_epoch(done: pd.DataFrame, budget: Budget) -> float:
 def _duration(seconds: float) -> str:
     if not math.isfinite(seconds):
         return "an unmeasured time"
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+    if seconds < 0.5:  # "about 0 s" read as free
+        return "under a second"
+    return "about " + (f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h")

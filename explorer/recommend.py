@@ -27,9 +27,9 @@ import numpy as np
 import pandas as pd
 
 from explorer.budget import Budget
-from explorer.decisions import Answer, DecisionSpec, answer
+from explorer.decisions import Answer, DecisionSpec, answer, within
 from explorer.errors import ExplorerError
-from explorer.formats import dims_of, interval, margin, plural, split, split_header, value
+from explorer.formats import dims_of, epochs_words, interval, margin, plural, split, split_header, value
 from explorer.learning import said as learning_words
 from explorer.posterior import LEVEL, Posterior
 from explorer.pruning import pruned_within
@@ -72,7 +72,9 @@ class Recommendation:
     pruned: tuple[str, ...] = ()  # configurations within budget pruned and never completed
     epochs: int | None = None  # the length the answer is for, where the study trains several
     shorter: tuple[tuple[int, int], ...] = ()  # predicted at `epochs`: its runs at other lengths, (epochs, seeds)
-    notes: tuple[str, ...] = ()  # what else the reader must know (a refusal past the reach, runs still learning)
+    notes: tuple[str, ...] = ()  # what else the reader must know (a refusal past the reach)
+    learning: str | None = None  # the runs were still learning when they stopped, in words (`--explain`)
+    ladder: tuple[int, ...] = ()  # the lengths the study trains
 
     @property
     def decided(self) -> bool:
@@ -98,62 +100,113 @@ class Recommendation:
         """Points for an accuracy-like metric, the metric's own units otherwise."""
         return (100.0, "points") if self.higher_is_better else (1.0, self.metric)
 
-    def lines(self) -> list[str]:
-        """The answer first (pick, bound, decided or not), then its value, the verdict, what would decide it."""
+    def lines(self, explain: bool = False) -> list[str]:
+        """The answer in a few lines: the pick with its bound (decided or not) and its value, the verdict against
+        the baseline, and what would decide it or what to do next (for a decided, measured pick, nothing: at
+        most 6 lines at 80 columns). `explain` adds the posterior's model, what lies past the space, the ties,
+        the neighbours to measure, pruned configurations and whether the runs still learn; without it, a last
+        line names what it would add."""
         unit, what = self.units()
-        free = dims_of(self.key)
-        shape = ", ".join(f"{d} {self.dims[d]}" for d in ("mlp", "width") if self.dims.get(d) is not None and d not in free)
         said = self.answer.words(unit, what)
-        pick = split(self.key)
-        label = "; ".join(filter(None, (split_header(free) if free else "", shape)))
-        at = f" at {self.epochs} epochs" if self.epochs is not None else ""
-        out = [f"budget {format_count(self.budget)}{at}: {said[0]}",
-               f"{pick}{f' ({label})' if label else ''}, {format_count(self.params)} params, {self._value()}"]
-        if self.model:
-            out.append(f"model: {self.model}")
-        out += said[1:]
-        if self.tied:
-            smaller = (f"; the smallest: {split(self.tied[0])}, {format_count(self.tied_params[0])} params"
-                       if self.tied_params[0] < self.params else "; none of them is smaller")
-            out.append(f"{plural(len(self.equivalent), 'configuration')} within budget equivalent to {pick} within "
-                       f"{margin(self.delta, unit, what, exact=True)}; {len(self.tied) - len(self.equivalent)} more not told apart "
-                       f"from it{smaller}")
-            if self.list_ties:
-                out.append("not told apart from it:")
-                out += [f"  {split(k)} ({format_count(p)} params{', equivalent' if k in self.equivalent else ''})"
-                        for k, p in zip(self.tied, self.tied_params)]
+        at = f" at {epochs_words(self.epochs)}" if self.epochs is not None else ""
+        out = [f"budget {format_count(self.budget)}{at}: {said[0]}", self._value()]
+        if explain:
+            out += [line for line in (self._detail(), f"model: {self.model}" if self.model else "") if line]
+        rest = said[1:]
+        off = bool(rest) and self._off_ladder() and rest[-1] == self.answer.seeds_words()
+        if off:  # not the cap: no run of the study is at this length
+            rest[-1] = (f"{epochs_words(self.epochs)} is not a length the study trains ({', '.join(map(str, self.ladder))} "
+                        f"epochs): `explorer recommend ... --verify --epochs {self.epochs}` trains the pick and its "
+                        "rivals there, or add it to budget.epochs")
+        out += rest
+        steps = self._next_steps(checked=off)  # a decided, measured pick needs none of them to be acted on
+        details = [("past the space", steps if self.decided and self.kind == "measured" else []), *self._details(unit, what)]
+        out += [] if details[0][1] else steps
+        out += [line for name, lines in details if explain or (name == "ties" and self.list_ties) for line in lines]
+        hidden = [name for name, lines in details if lines and not explain and not (name == "ties" and self.list_ties)]
+        hidden = ["the model", *hidden] if self.model and not explain else hidden
+        return out + ([f"--explain says more: {', '.join(hidden)}"] if hidden else [])
+
+    def _off_ladder(self) -> bool:
+        """Undecided at a length the study does not train, with no run of it to buy."""
+        return (self.epochs is not None and bool(self.ladder) and self.epochs not in self.ladder and not self.decided
+                and not self.answer.advice)
+
+    def _next_steps(self, checked: bool = False) -> list[str]:
+        """What the reader must know to act on the answer: a refusal, a pick past the space or predicted (unless
+        `checked`: a line above said how to measure it), the splits past the space to measure next, a budget
+        that binds nothing."""
+        pick, out = split(self.key), []
         if self.outside is not None:
             out.append(f"{pick} is past the space's declared ranges (its fixed dimensions and constraints kept): "
                        "`explorer recommend ... --verify` trains it at the study's budget, in a study of its own")
         elif self.past:
             out.append(f"splits past the space that the surface cannot tell from it yet (measure the first: add it to "
                        f"the space): {', '.join(map(split, self.past))}")
-        around = [split(k) for k in self.verify if k != self.key]
-        if (self.kind == "predicted" or around) and self.outside is None:
-            out.append(f"to check it, measure {'it and ' if self.kind == 'predicted' else ''}its neighbours "
-                       f"(`explorer recommend ... --verify` queues them): {', '.join(around) or pick}")
-        if self.pruned:
-            out.append(f"pruned within budget, never completed (a pruned configuration comes back once when the "
-                       f"evidence against it weakens): {', '.join(map(split, self.pruned))}")
+        if not checked:
+            out += self._to_measure()
         if self.space_max is not None and not self.past and self.outside is None:
             out.append(f"the budget binds nothing in the space: its largest configuration has {format_count(self.space_max)} "
                        "params, so within the space this is the answer at that size")
         return out + list(self.notes)
 
+    def _to_measure(self) -> list[str]:
+        """How to measure a predicted pick: at a length the study does not train, a study of its own at it; else
+        it and its neighbours, queued in the study."""
+        if self.kind != "predicted" or self.outside is not None:
+            return []
+        if self.shorter and self.epochs not in self.ladder:
+            return [f"to check it at {epochs_words(self.epochs)}: `explorer recommend ... --verify --epochs "
+                    f"{self.epochs}` trains it and its rivals there"]
+        around = [split(k) for k in self.verify if k != self.key]
+        return [f"to check it, measure it{' and its neighbours' if around else ''} (`explorer recommend ... "
+                f"--verify` queues {'them' if around else 'it'}){': ' + ', '.join(around) if around else ''}"]
+
+    def _details(self, unit: float, what: str) -> list[tuple[str, list[str]]]:
+        """What `--explain` adds, by name: the ties, the neighbours of a measured pick, pruned configurations, how
+        the runs learn (`--list-ties` shows the ties without it)."""
+        pick, ties, near = split(self.key), [], []
+        if self.tied:
+            smaller = (f"; the smallest: {split(self.tied[0])}, {format_count(self.tied_params[0])} params"
+                       if self.tied_params[0] < self.params else "; none of them is smaller")
+            ties.append(f"{plural(len(self.equivalent), 'configuration')} within budget equivalent to {pick} within "
+                        f"{margin(self.delta, unit, what, exact=True)}; {len(self.tied) - len(self.equivalent)} more not "
+                        f"told apart from it{smaller}")
+            if self.list_ties:
+                ties.append("not told apart from it:")
+                ties += [f"  {split(k)} ({format_count(p)} params{', equivalent' if k in self.equivalent else ''})"
+                         for k, p in zip(self.tied, self.tied_params)]
+        around = [split(k) for k in self.verify if k != self.key]
+        if around and self.kind == "measured" and self.outside is None:
+            near.append(f"to check it, measure its neighbours (`explorer recommend ... --verify` queues them): "
+                        f"{', '.join(around)}")
+        pruned = [f"pruned within budget, never completed (a pruned configuration comes back once when the evidence "
+                  f"against it weakens): {', '.join(map(split, self.pruned))}"] if self.pruned else []
+        return [("ties", ties), ("neighbours", near), ("pruned", pruned), ("learning", [self.learning] if self.learning else [])]
+
     def _value(self) -> str:
+        """The pick's size and value with its interval and where it comes from, in one line where it fits."""
         like = self.higher_is_better
-        metric = f"{self.metric} {value(self.value, like)}"
+        head = f"{split(self.key)}: {format_count(self.params)} params, {self.metric} {value(self.value, like)}"
         if not math.isfinite(self.lo):
-            return (f"{metric} (measured at {plural(self.n, 'seed')}; one seed per configuration: no "
-                    "interval yet, a second seed of some configurations gives one)")
+            return f"{head} ({plural(self.n, 'seed')}; no interval yet: a second seed of some configurations gives one)"
         said = interval(self.lo, self.hi, like, f"{LEVEL:.0%} interval")
         if self.kind == "predicted" and self.shorter:
-            runs = ", ".join(f"{plural(n, 'seed')} at {e} epochs" for e, n in self.shorter)
-            return f"{metric} ({said}; predicted at {self.epochs} epochs from its runs: {runs})"
+            runs = ", ".join(f"{plural(n, 'seed')} at {epochs_words(e)}" for e, n in self.shorter)
+            return f"{head} ({said}; predicted at {epochs_words(self.epochs)} from its runs: {runs})"
         if self.kind == "predicted":
             where = "past the space" if self.outside is not None else "not measured"
-            return f"{metric} ({said}; predicted by the surface, {where})"
-        return f"{metric} ({said}; measured at {plural(self.n, 'seed')}, plain mean {value(self.raw, like)}, trial {self.trial} first)"
+            return f"{head} ({said}; predicted by the surface, {where})"
+        return f"{head} ({said}; {plural(self.n, 'seed')})"
+
+    def _detail(self) -> str:
+        """The pick's dimensions in words and its plain mean (`--explain`)."""
+        free = dims_of(self.key)
+        shape = ", ".join(f"{d} {self.dims[d]}" for d in ("mlp", "width") if self.dims.get(d) is not None and d not in free)
+        label = "; ".join(filter(None, (split_header(free) if free else "", shape)))
+        measured = (f": plain mean {value(self.raw, self.higher_is_better)} of {plural(self.n, 'seed')}, first "
+                    f"measured by trial {self.trial}" if self.kind == "measured" and self.trial is not None else "")
+        return f"{split(self.key)}{f' ({label})' if label else ''}{measured}" if label or measured else ""
 
 
 def _neighbours(key: str, known: pd.DataFrame, budget: int) -> tuple[str, ...]:
@@ -235,6 +288,8 @@ def recommend(df: pd.DataFrame, budget: int, baseline_key: str | None, metric: s
     best = float(np.nanmax(post.sign() * post.mean[measured] if measured.any() else post.sign() * table["mean"])) * post.sign()
     delta = decision.margin(higher_is_better, best)
     past = {k for k, _, _ in outside}
+    if not within(post, budget):
+        raise ExplorerError(_nothing_within(budget, candidates, done), field="budget")
     said = answer(post, budget, baseline_key, delta, decision.level, cap=cap, full=table.attrs.get("full"), epochs=at,
                   past=past)
     key = said.pick
@@ -260,6 +315,22 @@ def recommend(df: pd.DataFrame, budget: int, baseline_key: str | None, metric: s
         verify=_neighbours(key, _known(done, candidates), budget) if key not in past else (), higher_is_better=higher_is_better,
         space_max=space if space is not None and budget >= space else None, outside=key if key in past else None,
         past=said.rivals, epochs=at, shorter=shorter)
+
+
+def _nothing_within(budget: int, candidates: Sequence[Candidate], done: pd.DataFrame) -> str:
+    """Why no configuration answers `budget`: none of the space fits it (the smallest named), or those that fit
+    are not measured yet (and too few runs for the surface to predict them)."""
+    fits = [(p, k) for k, _, p in candidates if p <= budget]
+    if candidates and not fits:
+        p, k = min((p, k) for k, _, p in candidates)
+        return (f"no configuration of the space has at most {format_count(budget)} parameters: the smallest, "
+                f"{split(k)}, has {format_count(p)}")
+    if fits:
+        return (f"none of the {plural(len(fits), 'configuration')} within {format_count(budget)} parameters is measured "
+                f"yet ({plural(done['arch'].nunique(), 'configuration')} measured, the smallest with "
+                f"{format_count(int(done['params'].min()))}): `explorer run` with a larger n_trials measures more")
+    return f"no configuration within {format_count(budget)} parameters"
+
 
 
 def for_study(study: Study, trials: pd.DataFrame, limit: int, list_ties: bool = False, epochs: int | None = None) -> Recommendation:
@@ -290,5 +361,6 @@ def for_study(study: Study, trials: pd.DataFrame, limit: int, list_ties: bool = 
     rec = recommend(trials, limit, base.key if base else None, study.task.metric, space, study.task.higher_is_better,
                     decision=study.spec.decision, list_ties=list_ties, first_seed=study.seeds[0], cap=study.seed_cap, epochs=target,
                     lengths=ladder, training=budget, seeds=study.seeds, outside=outside)
-    notes += filter(None, [learning_words(trials, study.task.metric, study.task.higher_is_better, budget)])
-    return replace(rec, pruned=tuple(pruned_within(trials, limit)), notes=tuple(notes))
+    learning = learning_words(trials, study.task.metric, study.task.higher_is_better, budget)
+    return replace(rec, pruned=tuple(pruned_within(trials, limit)), notes=tuple(notes), learning=learning,
+                   ladder=tuple(ladder))

@@ -90,6 +90,16 @@ class SpaceSpec(BaseModel):
     baseline: dict[str, Scalar] | None = Field(None, description="the configuration answers are compared with, by its "
                                                                  "free dimensions; null: none")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _a_space(cls, data: Any) -> Any:
+        """A study YAML where a space is expected is said to be one, not a space with unknown fields."""
+        if isinstance(data, dict) and "family" not in data and {"task", "n_trials"} & set(data):
+            its = f"; its space: {data['space']}" if isinstance(data.get("space"), str) else ""
+            raise ValueError("this is a study YAML (it names a space and a task), where a space YAML is expected (a "
+                             f"family and its free dimensions, as in spaces/){its}")
+        return data
+
     @field_validator("free", mode="before")
     @classmethod
     def _free(cls, free: Any) -> dict:

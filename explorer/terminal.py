@@ -47,9 +47,23 @@ def console(stderr: bool = False, **options: Any) -> Console:
     return Console(stderr=stderr, highlight=False, color_system=None if plain else "auto", **options)
 
 
-def say(con: Console, text: str) -> None:
-    """One line of prose: wrapped between words on a terminal, one line in a pipe (for grep and logs)."""
-    con.print(text, markup=False, highlight=False, soft_wrap=not con.is_terminal)
+def say(con: Console, text: str, wrap: bool = True) -> None:
+    """A paragraph of prose, wrapped between words at the console's width: the terminal's, or 80 columns
+    in a pipe (`COLUMNS` changes it). `wrap=False` keeps it one line whatever its length (an error, for
+    grep and logs)."""
+    for line in wrapped(text, con.width) if wrap else [text]:
+        con.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def wrapped(text: str, width: int) -> list[str]:
+    """`text`'s lines wrapped between words at `width`, a continuation indented two columns past its
+    line; a word wider than that (a path, a URL) is kept whole on a line of its own, never cut."""
+    out = []
+    for line in text.split("\n"):
+        indent = line[:len(line) - len(line.lstrip())]
+        out += textwrap.wrap(line, max(width, 20), subsequent_indent=indent + "  ", break_long_words=False,
+                             break_on_hyphens=False) or [""]
+    return out
 
 
 def _words(text: str) -> list[str]:

@@ -23,16 +23,24 @@ SIZE_REACH = 2.0  # budget / largest measured configuration the answer past it i
 LENGTH_REACH = 2.0  # epochs / longest length measured the answer at it is validated to (bench/lengths.py)
 
 
+def times(ratio: float, reach: float) -> str:
+    """A ratio past `reach` written so that it never reads as the reach itself: 2.5x, 2.05x, not 2.0x."""
+    for digits in (1, 2, 3):
+        if round(ratio, digits) > reach:
+            return f"{ratio:.{digits}f}x"
+    return f"more than {reach:g}x"
+
+
 def size_refusal(budget: int, top: int) -> str:
     """The one line past SIZE_REACH: no split larger than the measured ones is predicted there."""
-    return (f"budget {format_count(budget)} is {budget / top:.1f}x the largest measured configuration "
+    return (f"budget {format_count(budget)} is {times(budget / top, SIZE_REACH)} the largest measured configuration "
             f"({format_count(top)}); predictions past it are validated to {SIZE_REACH:g}x (bench/extrapolate.py): "
             f"measure configurations up to {format_count(int(budget / SIZE_REACH))} params first")
 
 
 def length_refusal(epochs: int, longest: int) -> str:
     """The one line past LENGTH_REACH."""
-    return (f"{epochs} epochs is {epochs / longest:.1f}x the longest length measured ({longest}); answers are "
+    return (f"{epochs} epochs is {times(epochs / longest, LENGTH_REACH)} the longest length measured ({longest}); answers are "
             f"validated to {LENGTH_REACH:g}x it (bench/lengths.py): add a rung of at least "
             f"{math.ceil(epochs / LENGTH_REACH)} epochs to budget.epochs first")
 

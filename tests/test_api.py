@@ -31,7 +31,7 @@ def test_docs_python_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.chdir(tmp_path)
     exec(compile(docs_block("getting-started.md", "From Python", "python"), "docs/getting-started.md", "exec"), {})
     printed = capsys.readouterr().out
-    assert "use 1 / " in printed and "measured" in printed
+    assert "use 1 / " in printed and "(1 seed;" in printed  # measured, at one seed
     assert (tmp_path / "runs/digits-tiny.yaml").exists() and (tmp_path / "runs/digits-tiny.space.yaml").exists()
     assert (tmp_path / "runs/digits-tiny.html").stat().st_size > 100_000
     again = explorer.load(tmp_path / "runs/digits-tiny.yaml")  # the YAML create wrote is the same study

@@ -19,6 +19,22 @@ ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
 
 
+def flat(text: str) -> str:
+    """Output with the wrapping undone: prose wraps at 80 columns, a long temp path on a line of its own."""
+    return " ".join(text.split())
+
+
+def logical(text: str) -> list[str]:
+    """The lines a command said, each continuation (indented two more columns by the wrapping) joined back."""
+    out: list[str] = []
+    for line in text.splitlines():
+        if out and line.startswith("  ") and not out[-1].startswith("  "):
+            out[-1] += " " + line.strip()
+        else:
+            out.append(line)
+    return out
+
+
 def ok(*args: str) -> str:
     result = runner.invoke(app, [str(a) for a in args])
     assert result.exit_code == 0, result.output + repr(result.exception)
@@ -37,7 +53,7 @@ def test_params_of_a_space_and_of_one_configuration() -> None:
 def test_run_status_export_recommend_dashboard(tiny_study: Path, tmp_path: Path) -> None:
     out = ok("run", tiny_study, "--no-dashboard")
     assert "6/6 configurations measured" in out and "Pareto front" in out
-    assert f"storage: {tiny_study.parent / 'tiny.db'}" in out  # every path it writes, stated first
+    assert f"storage: {tiny_study.parent / 'tiny.db'}" in flat(out)  # every path it writes, stated first
     assert "6/6 configurations measured" in ok("status", tiny_study)
     ok("export", tiny_study, "--format", "csv", "--out", tmp_path / "t.csv")
     frame = pd.read_csv(tmp_path / "t.csv")
@@ -47,10 +63,11 @@ def test_run_status_export_recommend_dashboard(tiny_study: Path, tmp_path: Path)
     ok("export", tiny_study, "--format", "parquet", "--out", tmp_path / "t.parquet")
     assert len(pd.read_parquet(tmp_path / "t.parquet")) == 6 and len(pd.read_parquet(tmp_path / "t.configs.parquet")) == 6
     rec = ok("recommend", tiny_study, "--budget", "4k")
-    assert "use 1 / " in rec and "measured" in rec
+    assert "use 1 / " in rec and "(1 seed;" in rec  # measured, at one seed
     ok("dashboard", tiny_study, "--out", tmp_path / "d.html")
     assert (tmp_path / "d.html").stat().st_size > 100_000
     assert "resume" in ok("recommend", tiny_study, "--budget", "4k", "--verify")
+    assert "dashboard:" in ok("dashboard", tiny_study, "--out", tmp_path / "d.html")
 
 
 def test_export_writes_the_configuration_table_beside_the_trials(tmp_path: Path) -> None:
@@ -64,12 +81,13 @@ def test_export_writes_the_configuration_table_beside_the_trials(tmp_path: Path)
     spec.write_text(f"name: rep\nspace: {ROOT / 'spaces' / 'vit-digits.yaml'}\ntask: {{name: digits}}\nn_trials: 2\n")
     fill_replicates(load_study_spec(spec).open(create=True))
     output = ok("export", spec, "--out", tmp_path / "t.csv")
-    assert f"73 trials -> {tmp_path / 't.csv'}" in output  # 24 configurations x 2, 3 or 4 seeds, and one failure
-    assert f"24 configurations -> {tmp_path / 't.configs.csv'}" in output
+    assert f"73 trials -> {tmp_path / 't.csv'}" in flat(output)  # 24 configurations x 2, 3 or 4 seeds, and one failure
+    assert f"24 configurations at 3 epochs -> {tmp_path / 't.configs.csv'}" in flat(output)
     trials = pd.read_csv(tmp_path / "t.csv")
     configs = pd.read_csv(tmp_path / "t.configs.csv")
-    assert list(configs.columns) == ["arch", "layers", "heads", "width", "mlp", "params", "n", "raw", "mean", "std", "se", "lo",
-                                     "hi", "front_prob", "on_front", "tied_with", "seeds", "values"]
+    assert list(configs.columns) == ["arch", "layers", "heads", "width", "mlp", "params", "epochs", "n", "raw", "mean", "std",
+                                     "se", "lo", "hi", "front_prob", "on_front", "tied_with", "seeds", "values"]
+    assert (configs["epochs"] == 3).all()
     done = trials[trials["state"] == "COMPLETE"]
     assert configs.set_index("arch")["n"].to_dict() == done.groupby("arch").size().to_dict()
     assert set(configs["n"]) == {2, 3, 4}
@@ -131,8 +149,8 @@ def test_recommend_on_the_shipped_default_study_is_on_its_front(tmp_path: Path) 
     within = summary[summary["params"] <= 150_000]
     layers, heads = map(int, re.search(r"use (\d+) / (\d+):", rec).groups())
     pick = within[(within["layers"] == layers) & (within["heads"] == heads)]
-    assert "measured" in rec and len(pick) == 1, rec
-    if "; decided" in rec.splitlines()[0]:  # (an undecided answer says by how much instead)
+    assert "predicted" not in logical(rec)[1] and len(pick) == 1, rec  # its value line: measured, at N seeds
+    if "; decided" in logical(rec)[0]:  # (an undecided answer says by how much instead)
         assert float(pick["mean"].iloc[0]) >= within["mean"].max() - 0.01, (rec, within[["arch", "mean", "n"]])
 
 
@@ -165,12 +183,12 @@ def test_read_only_commands_never_write_and_report_a_changed_study(tmp_path: Pat
     for args in (["status", path], ["export", path, "--out", tmp_path / "t.csv"], ["recommend", path, "--budget", "1M"],
                  ["dashboard", path, "--out", tmp_path / "d.html"]):
         output = ok(*args)
-        assert "made with another budget" in output and "explorer run --force" in output, output
+        assert "made with another budget (epochs 1 -> 3)" in flat(output) and "explorer run --force" in flat(output), output
     assert db.read_bytes() == before and sorted(path.parent.iterdir()) == files
     result = runner.invoke(app, ["recommend", str(path), "--budget", "1M", "--verify"])
     assert isinstance(result.exception, ExplorerError) and "not queued" in str(result.exception)
     result = runner.invoke(app, ["run", str(path), "--no-dashboard"])
-    assert isinstance(result.exception, ExplorerError) and "another budget; rerun with --force" in str(result.exception)
+    assert isinstance(result.exception, ExplorerError) and "another budget (epochs 1 -> 3); rerun with --force" in str(result.exception)
     assert db.read_bytes() == before
 
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from conftest import TINY_SPACE, write_study
 
-from explorer import cli
+from explorer import cli, cli_app, terminal
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = {"epochs": 1, "max_steps": 2, "batch_size": 64, "lr": 0.003, "seed": 0}
@@ -142,8 +142,8 @@ def test_export_follows_the_extension_or_refuses_and_an_unwritable_place_is_one_
     path = write_study(tmp_path / "s", budget=QUICK, n_trials=1)
     assert main("run", path, "--no-dashboard", monkeypatch=monkeypatch, capsys=capsys)[0] == 0
     code, out, _ = main("export", path, "--out", tmp_path / "x.parquet", monkeypatch=monkeypatch, capsys=capsys)
-    assert code == 0 and "1 configuration ->" in out  # singular (the trials include the grid's queued ones)
-    assert len(pd.read_parquet(tmp_path / "x.parquet")) == 6 and len(pd.read_parquet(tmp_path / "x.configs.parquet")) == 1
+    assert code == 0 and "1 trial (5 queued, never started, left out) ->" in out and "1 configuration at 1 epoch ->" in out
+    assert len(pd.read_parquet(tmp_path / "x.parquet")) == 1 and len(pd.read_parquet(tmp_path / "x.configs.parquet")) == 1
     assert "export writes .csv or .parquet" in one_line(["export", path, "--out", tmp_path / "t.json"], monkeypatch, capsys)
     clash = one_line(["export", path, "--out", tmp_path / "t.csv", "--format", "parquet"], monkeypatch, capsys)
     assert "t.csv names a csv file and the format asked is parquet" in clash
@@ -167,7 +167,7 @@ def test_params_refuses_a_space_with_a_family_and_names_the_defaults_it_counts(
     code, out, _ = main("params", "--family", "crammed-bert", "-f", "json", monkeypatch=monkeypatch, capsys=capsys)
     row = pd.read_json(io.StringIO(out)).iloc[0]
     assert code == 0 and (row["layers"], row["heads"], row["width"], row["mlp"]) == (16, 12, 768, 3072)
-    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setattr(cli_app, "out", terminal.console(width=200))  # COLUMNS is read when the console is made
     table = main("params", "--family", "crammed-bert", "--layers", "10", monkeypatch=monkeypatch, capsys=capsys)[1]
     assert "not given, so the family's defaults: heads 12, width 768, mlp 3072" in table and "layers 16" not in table
 
@@ -206,10 +206,10 @@ def test_two_yamls_with_one_name_sharing_a_database_are_told_so(
     other = tmp_path / "other.yaml"  # the same `name:` beside it: the same default database, another question
     other.write_text(yaml.safe_dump({**yaml.safe_load(first.read_text()), "budget": {**QUICK, "lr": 0.01}}))
     line = one_line(["run", other, "--no-dashboard"], monkeypatch, capsys)
-    assert f"already holds a study named 'tiny', made from {first.resolve()} (another budget)" in line
+    assert f"already holds a study named 'tiny', made from {first.resolve()} (another budget (lr 0.003 -> 0.01))" in line
     assert "give this YAML its own `name:` or `storage:`" in line and "made with another" not in line
     _, _, err = main("status", other, monkeypatch=monkeypatch, capsys=capsys)
-    assert "already holds a study named 'tiny'" in err.splitlines()[0]
+    assert " ".join(err.split()).startswith(f"note: {other}: {tmp_path / 'tiny.db'} already holds a study named 'tiny'")
 
 
 # -- words ----------------------------------------------------------------------------------------------------

@@ -92,7 +92,8 @@ def test_cuda_asked_where_torch_sees_no_gpu_is_one_line_and_writes_nothing(tmp_p
 def test_auto_without_a_gpu_trains_on_the_cpu_and_says_what_runs(tmp_path: Path) -> None:
     out = explorer_run(write_study(tmp_path, n_trials=1, budget=QUICK))
     assert out.returncode == 0, out.stderr
-    assert "trains on this machine's CPU: 1 trial at once, in float32 (budget.bf16 applies on CUDA only)" in out.stderr
+    said = " ".join(out.stderr.split())  # prose wraps at 80 columns in a pipe
+    assert "trains on this machine's CPU: 1 trial at once, in float32 (budget.bf16 applies on CUDA only)" in said
     study = load_study_spec(tmp_path / "study.yaml")
     ostudy = study.read()
     (t,) = ostudy.get_trials(states=(COMPLETE,))

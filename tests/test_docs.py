@@ -363,3 +363,32 @@ def test_mkdocs_build_is_strict_clean(tmp_path: Path) -> None:
     for page in ("reference/cli", "reference/study", "reference/space", "reference/tasks", "benchmarks"):
         assert (tmp_path / "site" / page / "index.html").is_file(), page
     assert (tmp_path / "site" / "assets" / "digits-vit-trade.png").stat().st_size > 100_000
+
+
+def test_the_index_and_the_readme_list_every_how_to_page() -> None:
+    """docs/index.md's how-to list left out Trackers (issue 43, item 13)."""
+    for page in (DOCS / "index.md", ROOT / "README.md"):
+        text = page.read_text()
+        prefix = "how-to/" if page.parent == DOCS else "docs/how-to/"
+        missing = [p.name for p in sorted((DOCS / "how-to").glob("*.md")) if f"]({prefix}{p.name})" not in text]
+        assert not missing, f"{page.relative_to(ROOT)} links no {missing}"
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="not a git checkout")
+def test_gitignore_covers_what_the_documented_commands_write() -> None:
+    """`explorer export` writes beside the study YAML (studies/NAME.csv and .configs.csv, or .parquet), the API
+    example into runs/ (issue 43, item 13): none of it may show as a file to commit."""
+    from explorer.export import beside
+
+    written = []
+    for study in sorted((ROOT / "studies").rglob("*.yaml")):
+        for fmt in ("csv", "parquet"):
+            target = study.with_suffix(f".{fmt}").relative_to(ROOT)
+            written += [target, beside(target, fmt)]
+    example = [b for b in blocks("python") if "explorer.create(" in b.body][0].body
+    folder = re.search(r"explorer\.create\(\s*\"([^\"]+)\"", example).group(1)
+    written += [Path(folder) / name for name in ("digits-tiny.yaml", "digits-tiny.space.yaml", "digits-tiny.db", "d.html")]
+    done = subprocess.run(["git", "check-ignore", "--no-index", "--verbose", "--non-matching", *map(str, written)],
+                          cwd=ROOT, capture_output=True, text=True)
+    kept = [line.split("\t")[-1] for line in done.stdout.splitlines() if line.startswith("::")]
+    assert done.returncode in (0, 1) and not kept, f"not in .gitignore: {kept}"

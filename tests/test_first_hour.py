@@ -166,3 +166,128 @@ def test_run_force_at_a_new_budget_measures_every_configuration_again_and_sets_t
     assert len(stats) == 6 and (stats["n"] == 2).all() and all(sorted(s) == [0, 1] for s in stats["seeds"])
     current = explorer.load(path).measured()
     assert len(current) == 12 and current["curve"].map(len).eq(2).all()  # every read run is a 2-epoch run
+
+
+# -- issue 43: mistakes that deserve a better line ------------------------------------------------------------------
+QUICK = {"epochs": 1, "max_steps": 2, "batch_size": 64, "lr": 0.003, "seed": 0}
+STORAGE_FORMS = "write sqlite:///PATH, postgresql://USER:PASSWORD@HOST/DB, grpc://HOST:PORT or journal:PATH"
+
+
+@pytest.mark.parametrize("url, meant", [("sqlit:///x.db", "sqlite:///x.db"), ("studies/x.db", "sqlite:///studies/x.db"),
+                                        ("sqlite://x.db", "sqlite:///x.db"), ("postgres://me:secret@db/x", "postgresql://me:***@db/x")])
+def test_a_wrong_storage_url_says_what_one_looks_like_and_what_was_meant(url: str, meant: str, tmp_path: Path,
+                                                                        explorer_cli: Cli) -> None:
+    path = write_study(tmp_path, budget=QUICK, n_trials=1, storage=url)
+    run = explorer_cli("run", path, "--no-dashboard")
+    lines = run.stderr.splitlines()
+    assert run.returncode == 1 and len(lines) == 1 and lines[0].startswith(f"error: {path}: storage: "), run.stderr
+    assert STORAGE_FORMS in lines[0] and f"(did you mean {meant}?)" in lines[0] and "secret" not in lines[0], lines[0]
+    assert not list(tmp_path.glob("*.db*")) and not (tmp_path / "studies").exists()
+
+
+def test_a_storage_in_a_missing_folder_names_the_folder_and_a_piped_error_starts_at_once(tmp_path: Path) -> None:
+    path = write_study(tmp_path, budget=QUICK, n_trials=1, storage="sqlite:///no/such/folder/s.db")
+    run = cli("run", path, "--no-dashboard")  # piped: stderr is no terminal
+    assert run.returncode == 1 and run.stderr.splitlines() == [
+        f"error: {path}: storage: cannot open storage 'sqlite:///{tmp_path}/no/such/folder/s.db': its folder "
+        f"{tmp_path}/no/such/folder does not exist (create it, or give storage: another path)"], run.stderr
+    assert "explorer.lock" not in run.stderr
+
+
+def test_a_yaml_of_the_other_kind_is_named_for_what_it_is(tmp_path: Path, explorer_cli: Cli) -> None:
+    study = write_study(tmp_path, budget=QUICK, n_trials=1)
+    space = tmp_path / "space.yaml"
+    for args in (["params", study], ["condition", study]):
+        said = explorer_cli(*args)
+        assert said.returncode == 1 and said.stderr.splitlines() == [
+            f"error: {study}: this is a study YAML (it names a space and a task), where a space YAML is expected (a "
+            "family and its free dimensions, as in spaces/); its space: space.yaml"], said.stderr
+    for args in (["status", space], ["run", space], ["recommend", space, "--budget", "4k"]):
+        said = explorer_cli(*args)
+        assert said.returncode == 1 and said.stderr.splitlines() == [
+            f"error: {space}: this is a space YAML (it names a family and its free dimensions), where a study YAML is "
+            "expected (a space, a task and n_trials, as in studies/: a study names this file in `space:`)"], said.stderr
+        assert "unknown field" not in said.stderr
+
+
+def test_a_changed_study_names_each_changed_field_with_its_old_and_new_value(tmp_path: Path, explorer_cli: Cli) -> None:
+    path = write_study(tmp_path, budget=QUICK, n_trials=1)
+    assert explorer_cli("run", path, "--no-dashboard").returncode == 0
+    doc = yaml.safe_load(path.read_text())
+    doc["budget"].update(lr=0.01, epochs=2)
+    path.write_text(yaml.safe_dump(doc))
+    run = explorer_cli("run", path, "--no-dashboard")
+    assert run.returncode == 1 and run.stderr.splitlines() == [
+        f"error: {path}: the stored study was made with another budget (epochs 1 -> 2, lr 0.003 -> 0.01); rerun with "
+        "--force to continue it anyway"], run.stderr
+    assert explorer_cli("run", path, "--force", "--no-dashboard").returncode == 0
+    doc["budget"]["lr"] = 0.02  # said against what the forced run stored, not what the first did
+    path.write_text(yaml.safe_dump(doc))
+    space = yaml.safe_load((tmp_path / "space.yaml").read_text())
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump({**space, "free": {**space["free"], "layers": [1, 2, 3]}}))
+    said = explorer_cli("status", path).stderr
+    assert ("the stored study was made with another budget (lr 0.01 -> 0.02) and space (free.layers [1, 2] -> [1, 2, 3]); "
+            "`explorer run --force` to continue it anyway") in " ".join(said.split()), said
+
+
+def test_failed_configurations_are_met_with_the_way_to_run_them_again(tmp_path: Path, explorer_cli: Cli) -> None:
+    """Item 9: after fixing the cause, a plain `run` trained nothing and said `0/2 configurations measured (2 more
+    failed)`; neither it nor the failing run named `--retry-failed`."""
+    path = write_study(tmp_path, n_trials=2, sampler={"name": "random", "seed": 0}, trial_timeout_s=0.001,
+                       budget={"epochs": 4, "batch_size": 16, "lr": 0.003, "seed": 0})
+    failing = explorer_cli("run", path, "--no-dashboard")
+    assert failing.returncode == 1 and failing.stderr.splitlines()[-1].endswith(
+        f"once the cause is fixed, `explorer run {path} --retry-failed` runs them again"), failing.stderr
+    doc = yaml.safe_load(path.read_text())
+    doc["trial_timeout_s"] = 600
+    path.write_text(yaml.safe_dump(doc))
+    for args in (["run", path, "--no-dashboard"], ["status", path]):
+        said = explorer_cli(*args)
+        flat = " ".join(said.stdout.split())
+        assert said.returncode == 0 and "0/2 configurations measured (2 more failed)" in flat, said.stdout
+        assert (f"2 configurations failed in every trial: once the cause is fixed, `explorer run {path} --retry-failed` "
+                "runs them again") in flat, said.stdout
+
+
+def test_a_budget_no_measured_configuration_fits_says_why(tmp_path: Path, explorer_cli: Cli) -> None:
+    """Item 10: `--budget 5` named no configuration, and a budget whose configurations are not measured yet
+    said there were none."""
+    path = write_study(tmp_path, budget=QUICK, n_trials=1, sampler={"name": "random", "seed": 0})
+    study = explorer.load(path).study
+    ostudy = study.open(create=True)
+    big = next(c for c in study.configs.values() if c.dims["layers"] == 2)
+    dist = {"arch": optuna.distributions.CategoricalDistribution(list(study.configs))}
+    ostudy.add_trial(optuna.trial.create_trial(
+        params={"arch": big.key}, distributions=dist, values=[0.5, big.params],
+        user_attrs={"params": big.params, "accuracy": 0.5, "seed": 0, "layers": 2, "heads": big.dims["heads"],
+                    "identity": study.identity_key, "execution": "cpu float32", "device": "cpu"}))
+    small = explorer_cli("recommend", path, "--budget", "5")
+    assert small.returncode == 1 and small.stderr.splitlines() == [
+        "error: budget: no configuration of the space has at most 5 parameters: the smallest, 1 / 1, has 2.8k"], small.stderr
+    unmeasured = explorer_cli("recommend", path, "--budget", "3k")
+    assert unmeasured.returncode == 1 and unmeasured.stderr.splitlines() == [
+        "error: budget: none of the 3 configurations within 3.0k parameters is measured yet (1 configuration measured, "
+        "the smallest with 5.0k): `explorer run` with a larger n_trials measures more"], unmeasured.stderr
+
+
+def test_a_length_past_the_reach_never_reads_as_the_reach() -> None:
+    from explorer.transfer import length_refusal, size_refusal
+
+    assert "41 epochs is 2.05x the longest length measured (20); answers are validated to 2x it" in length_refusal(41, 20)
+    assert "is 2.001x the largest" in size_refusal(2_001, 1_000) and "2.0x" not in size_refusal(2_001, 1_000)
+    assert "100 epochs is 2.5x" in length_refusal(100, 40)
+
+
+def test_a_port_in_use_suggests_a_free_one(tmp_path: Path, explorer_cli: Cli) -> None:
+    import socket
+
+    path = write_study(tmp_path, budget=QUICK, n_trials=1)
+    assert explorer_cli("run", path, "--no-dashboard").returncode == 0
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        said = explorer_cli("dashboard", path, "--serve", "--port", port)
+    assert said.returncode == 1 and said.stderr.splitlines() == [
+        f"error: --port: cannot listen on 127.0.0.1:{port}: Address already in use; pass --port 0 for any free port, "
+        "or another --port"], said.stderr

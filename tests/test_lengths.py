@@ -210,7 +210,7 @@ def test_a_ladder_study_answers_at_its_target_length_and_buys_longer_runs(tmp_pa
     rec = runner.invoke(app, ["recommend", str(path), "--budget", "10k"])
     assert rec.exit_code == 0 and "at 2 epochs: use " in rec.output
     at1 = runner.invoke(app, ["recommend", str(path), "--budget", "10k", "--epochs", "1"])
-    assert at1.exit_code == 0 and "at 1 epochs: use " in at1.output
+    assert at1.exit_code == 0 and "at 1 epoch: use " in at1.output
     far = runner.invoke(app, ["recommend", str(path), "--budget", "10k", "--epochs", "9"])
     assert far.exit_code != 0 and "validated to 2x" in str(far.exception)
 

@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from explorer import cli
+from explorer import cli, cli_app
 from explorer.errors import ExplorerError
 from explorer.frame import trials_frame
 
@@ -28,11 +28,11 @@ WIDE = pd.DataFrame({
 @pytest.fixture
 def narrow(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CLI's console as an 80-column terminal."""
-    monkeypatch.setattr(cli, "out", Console(width=80))
+    monkeypatch.setattr(cli_app, "out", Console(width=80))
 
 
 def test_a_wide_table_on_80_columns_prints_every_number_whole(narrow: None, capsys: pytest.CaptureFixture) -> None:
-    cli._print_frame(WIDE, cli.Format.table, title="trials")
+    cli_app.print_frame(WIDE, cli_app.Format.table, title="trials")
     text = capsys.readouterr().out
     assert "…" not in text
     for number in ("119,664,384", "84,265,728", "12,345,678,901", "5.995e+06", "1.234e+05", "0.9612", "123.4"):
@@ -41,7 +41,7 @@ def test_a_wide_table_on_80_columns_prints_every_number_whole(narrow: None, caps
 
 
 def test_a_table_that_fits_stays_within_the_terminal(narrow: None, capsys: pytest.CaptureFixture) -> None:
-    cli._print_frame(WIDE[["number", "layers", "heads", "params", "accuracy"]], cli.Format.table)
+    cli_app.print_frame(WIDE[["number", "layers", "heads", "params", "accuracy"]], cli_app.Format.table)
     lines = capsys.readouterr().out.splitlines()
     assert max(len(line) for line in lines) <= 80 and "84,265,728" in "\n".join(lines)
 
@@ -73,7 +73,7 @@ def test_counts_stay_integers_in_frame_table_and_csv_with_a_waiting_trial(tmp_pa
     assert frame["params"].isna().tolist() == [False, True]
     csv = frame.to_csv(index=False)
     assert ",35722,1197568," in csv and "35722.0" not in csv
-    cli._print_frame(frame[["number", "state", "layers", "heads", "params", "flops"]], cli.Format.table)
+    cli_app.print_frame(frame[["number", "state", "layers", "heads", "params", "flops"]], cli_app.Format.table)
     text = capsys.readouterr().out
     assert "35,722" in text and "1,197,568" in text and "nan" not in text and "<NA>" not in text
 

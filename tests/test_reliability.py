@@ -456,7 +456,8 @@ def test_failed_trials_print_one_line_each_and_the_run_exits_1(tmp_path: Path) -
     out = proc.communicate(timeout=120)[0]
     failed = [line for line in out.splitlines() if line.startswith("trial ") and " failed: loss is " in line]
     assert proc.returncode == 1 and len(failed) == 2 and "Traceback" not in out, out
-    assert out.strip().splitlines()[-1] == f"error: {path}: 2 trials failed in this run (reasons above and in `explorer status`)"
+    assert out.strip().splitlines()[-1] == (f"error: {path}: 2 trials failed in this run (reasons above and in `explorer status`); "
+                                            f"once the cause is fixed, `explorer run {path} --retry-failed` runs them again")
 
 
 def test_a_corrupt_image_is_one_study_error_not_a_failure_per_trial(tmp_path: Path) -> None:

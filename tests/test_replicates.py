@@ -74,10 +74,10 @@ def test_recommend_reports_ties_the_smallest_and_the_baseline() -> None:
     rec = recommend(synthetic_frame(table, params), 300, "base")
     assert rec.key == "big" and rec.n == 3 and rec.tied == ("mid",)
     assert rec.answer.verdict.kind == "beats" and rec.answer.verdict.lo > 0
-    text = "\n".join(rec.lines())
+    text = "\n".join(rec.lines(explain=True))  # the ties are among the details
     assert "the smallest: mid, 200 params" in text and "big beats the baseline base: +" in text
     same = recommend(synthetic_frame(table, {**params, "mid": 300}), 300, "base")
-    assert same.tied == ("mid",) and "none of them is smaller" in "\n".join(same.lines())
+    assert same.tied == ("mid",) and "none of them is smaller" in "\n".join(same.lines(explain=True))
 
 
 # -- replicates in a real study -----------------------------------------------------------------------------
@@ -109,7 +109,8 @@ def test_replicate_seed_sets_one_data_order_across_configurations(tmp_path: Path
     shown = CliRunner().invoke(app, ["status", str(path)], env={"COLUMNS": "200"})
     assert shown.exit_code == 0, shown.output
     assert "6/6 configurations measured, 12 runs" in shown.output
-    assert "replicates (fixed), seeds [0, 1]: 12 runs of the 12 that every measured configuration at 2 seeds would take (100%)" in shown.output
+    assert "replicates (fixed), seeds [0, 1]: 12 runs of the 12 that every measured configuration at 2 seeds would take (100%)" in " ".join(
+        shown.output.split())  # prose wraps at the console's width
     assert "Pareto front of posterior means" in shown.output and "P(front)" in shown.output
     assert shown.output.startswith("Answers at the study's budgets")  # status leads with the answer at each budget
 

@@ -20,7 +20,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 import explorer
-from explorer import cli, reports, terminal
+from explorer import cli, cli_app, reports, terminal
 from explorer.formats import bound, margin, plural, same_precision, split, split_header
 from explorer.terminal import Col
 
@@ -69,7 +69,7 @@ def shown_at(width: int, *args: object, monkeypatch: pytest.MonkeyPatch) -> str:
     """A command's stdout on a terminal `width` columns wide (plain: NO_COLOR), prose wrapped by rich."""
     monkeypatch.setenv("NO_COLOR", "1")
     buf = io.StringIO()
-    monkeypatch.setattr(cli, "out", terminal.console(file=buf, width=width, force_terminal=True))
+    monkeypatch.setattr(cli_app, "out", terminal.console(file=buf, width=width, force_terminal=True))
     result = CliRunner().invoke(cli.app, [str(a) for a in args])
     assert result.exit_code == 0, result.output + repr(result.exception)
     return buf.getvalue()

@@ -12,6 +12,7 @@ is computed again only when a trial starts or ends; an epoch of a running trial 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import socket
@@ -167,7 +168,10 @@ def make_server(paths: Sequence[str | Path], host: str = "127.0.0.1", port: int 
     try:
         return kind((host, port), handler)
     except (OSError, OverflowError) as err:  # the port is taken or out of range, the address is not this machine's
-        raise ExplorerError(f"cannot listen on {host}:{port}: {err.strerror or err}", field="--port") from None
+        taken = isinstance(err, OSError) and err.errno == errno.EADDRINUSE
+        hint = "; pass --port 0 for any free port, or another --port" if taken else ""
+        raise ExplorerError(f"cannot listen on {host}:{port}: {getattr(err, 'strerror', None) or err}{hint}",
+                            field="--port") from None
 
 
 def serve(paths: Sequence[str | Path], host: str = "127.0.0.1", port: int = 8050, every: float = 5.0,

@@ -27,6 +27,7 @@ from explorer.decisions import table
 from explorer.frame import trials_frame
 from explorer.identity import current_rows
 from explorer.posterior import at_length
+from explorer.recommend import describe
 from explorer.space import widened
 from explorer.stats import LEVEL
 from explorer.study import Study, load_study_spec
@@ -104,8 +105,10 @@ def _sortable(table_id: str, columns: list[str], body: list[str]) -> str:
 def _answers_table(meta: dict[str, dict], stats: dict[str, pd.DataFrame]) -> str:
     """Budget -> the configuration to use and its bound eps, decided or not, its verdict against the
     baseline: the answer each study gives at its budgets (explorer.decisions), beside the front."""
-    body, columns = [], ["study"]
+    body, columns, models = [], ["study"], []
     for name, summary in stats.items():
+        model = describe(summary.attrs["posterior"]) if "posterior" in summary.attrs else ""
+        models += [f"<p>The model of {esc(name)}: {esc(model)}.</p>"] if model else []
         lengths = (meta[name].get("lengths") or [None]) if summary.attrs.get("epochs") else [None]
         for epochs in lengths:  # a ladder: the answers at each length it trains
             said = answers(summary, meta[name], epochs)
@@ -124,7 +127,7 @@ def _answers_table(meta: dict[str, dict], stats: dict[str, pd.DataFrame]) -> str
     note = ("<p>At each budget: use the configuration named, within ε (points for an accuracy) of the best configuration "
             "within the budget with 95% probability under the study's posterior; decided when ε is at most the study's "
             "margin (decision.delta). The verdict against the baseline comes from the same posterior.</p>")
-    return f"<section><h2>Answers by budget</h2>{note}{_sortable('answer-table', columns, body)}</section>"
+    return f"<section><h2>Answers by budget</h2>{note}{_sortable('answer-table', columns, body)}{''.join(models)}</section>"
 
 
 def _config_note(stats: dict[str, pd.DataFrame]) -> str:

@@ -8,13 +8,14 @@ root.py composes them into `Study`).
 
 from __future__ import annotations
 
+import difflib
 import re
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, Self
 
 import optuna
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from explorer import checkpoints
 from explorer.budget import Budget
@@ -29,6 +30,8 @@ from explorer.tasks import Task, get_task
 from explorer.tracking.spec import TrackingSpec
 
 OBJECTIVE_NAMES = ("params", "flops", "train_time_s")  # besides the task's metrics
+STORAGE_FORMS = "sqlite:///PATH, postgresql://USER:PASSWORD@HOST/DB, grpc://HOST:PORT or journal:PATH"
+_SCHEMES = ("sqlite", "postgresql", "mysql", "mariadb", "oracle", "mssql", "grpc")  # SQLAlchemy's dialects, Optuna's proxy
 _OBJECTIVE = re.compile(r"^(maximize|minimize)\s+(\w+)$")
 
 
@@ -134,6 +137,15 @@ class StudySpec(BaseModel):
     tracking: TrackingSpec = Field(TrackingSpec(), description="trackers that receive the trials (MLflow, TensorBoard: "
                                                                "explorer.tracking); none by default")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _a_study(cls, data: Any) -> Any:
+        """A space YAML where a study is expected is said to be one, not a study with unknown fields."""
+        if isinstance(data, dict) and "task" not in data and {"family", "free"} & set(data):
+            raise ValueError("this is a space YAML (it names a family and its free dimensions), where a study YAML is "
+                             "expected (a space, a task and n_trials, as in studies/: a study names this file in `space:`)")
+        return data
+
     @field_validator("objectives", mode="before")
     @classmethod
     def _objectives(cls, value: Any) -> Any:
@@ -151,12 +163,43 @@ class StudySpec(BaseModel):
             raise ValueError("at least one objective")
         return out
 
+    @field_validator("storage")
+    @classmethod
+    def _storage_url(cls, value: str | None) -> str | None:
+        return value if value is None else storage_url(value)
+
     @field_validator("task")
     @classmethod
     def _task_named(cls, value: dict) -> dict:
         if not isinstance(value.get("name"), str):
             raise ValueError("the task needs a name (e.g. digits, listops, image-folder, text-file)")
         return value
+
+
+def storage_url(url: str) -> str:
+    """`url` if it names a storage explorer opens (an SQLAlchemy URL of a known dialect, grpc://, journal:), else
+    a ValueError that says what one looks like, with the likeliest meant: `studies/x.db` or `sqlit:///x.db` is
+    `sqlite:///x.db`, `sqlite://x.db` (two slashes) too."""
+    if url.startswith("journal:"):
+        return url
+    scheme, sep, rest = url.partition("://")
+    dialect = scheme.split("+")[0].lower()
+    if sep and dialect in _SCHEMES and not (dialect == "sqlite" and rest and not rest.startswith("/")):
+        return url
+    if not sep:
+        meant = f"sqlite:///{url.removeprefix('sqlite:')}" if re.search(r"\.(db|sqlite3?)$|/", url) else None
+    elif dialect == "sqlite":
+        meant = f"sqlite:///{rest}"
+    else:
+        close = difflib.get_close_matches(dialect, _SCHEMES, n=1)
+        meant = (f"sqlite:///{rest.lstrip('/')}" if close[0] == "sqlite" else f"{close[0]}://{rest}") if close else None
+    hint = f" (did you mean {_masked(meant)}?)" if meant else ""
+    raise ValueError(f"{_masked(url)!r} is not a storage URL: write {STORAGE_FORMS}{hint}")
+
+
+def _masked(url: str) -> str:
+    """A URL with its password (`user:password@`) masked, fit for an error message."""
+    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
 
 
 class ResolvedStudy:

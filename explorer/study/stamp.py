@@ -3,6 +3,7 @@ worker to open it, checked by every one after, so two questions never mix in one
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,18 +18,48 @@ if TYPE_CHECKING:
 
 
 def changed(study: ResolvedStudy, ostudy: optuna.Study, where: str) -> str | None:
-    """One line saying how this YAML differs from what the stored study was made with, or None; a study
-    another YAML (still there) made under the same `name:` in this storage is said to be that."""
+    """One line saying how this YAML differs from what the stored study was made with, each changed field with
+    its stored and its new value, or None; a study another YAML (still there) made under the same `name:` in
+    this storage is said to be that."""
     stored = ostudy.user_attrs.get("identity")
     identity = study.identity()
     if stored is None or stored == identity:
         return None
-    fields = ", ".join(sorted(k for k in identity if identity[k] != stored.get(k)))
+    was = {**stored, "space": ostudy.user_attrs.get("space")}
+    now = {**identity, "space": study.space.to_dict()}
+    fields = " and ".join(_what_changed(k, was.get(k), now[k]) for k in sorted(identity) if identity[k] != stored.get(k))
     maker = ostudy.user_attrs.get("source")
     if maker and Path(maker) != study.source.resolve() and Path(maker).is_file():
         return (f"{where} already holds a study named {study.spec.name!r}, made from {maker} "
                 f"(another {fields}): give this YAML its own `name:` or `storage:`; rerun with --force to continue it anyway")
     return f"the stored study was made with another {fields}; rerun with --force to continue it anyway"
+
+
+SHOWN = 3  # changed fields named per part; the rest are counted
+
+
+def _what_changed(part: str, was: Any, now: Any) -> str:
+    """`budget (lr 0.002 -> 0.003)`: a part of the identity with its fields that changed, stored value first."""
+    old, new = _leaves(was), _leaves(now)
+    diffs = [f"{k} {_shown(old.get(k))} -> {_shown(new.get(k))}" for k in sorted(old.keys() | new.keys())
+             if old.get(k) != new.get(k)] if was is not None else []
+    more = f", {len(diffs) - SHOWN} more" if len(diffs) > SHOWN else ""
+    return f"{part} ({', '.join(diffs[:SHOWN])}{more})" if diffs else part
+
+
+def _leaves(value: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as {dotted.path: value}; lists and scalars are leaves."""
+    if not isinstance(value, dict):
+        return {prefix or "value": value}
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        out.update(_leaves(item, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def _shown(value: Any) -> str:
+    """A stored value as YAML writes it inline: `null`, `[10, 20]`, `0.002`, `none` for a field absent."""
+    return "none" if value is None else json.dumps(value) if isinstance(value, (list, dict, bool)) else str(value)
 
 
 def record_or_check(study: ResolvedStudy, ostudy: optuna.Study, force: bool, grid: Callable[[optuna.Study], Any],
@@ -61,5 +92,7 @@ def record_or_check(study: ResolvedStudy, ostudy: optuna.Study, force: bool, gri
             ostudy.set_user_attr("legacy_identity", identity_key(stored))
         ostudy.set_user_attr("identity", identity)
         ostudy.set_user_attr("source", str(study.source.resolve()))
+        ostudy.set_user_attr("space", study.space.to_dict())  # what the next change is said against
+        ostudy.set_user_attr("spec", study.spec.model_dump(mode="json"))
         ostudy.set_metric_names([o.name for o in study.objectives])
         grid(ostudy)  # a forced new space: queue its configurations no trial has taken

@@ -83,6 +83,10 @@ class Store:
         """
         url, spec = self.url, self.study.spec
         grace = 3 * spec.heartbeat_s
+        file = self.file()
+        if file is not None and not file.parent.is_dir():  # said before the lock beside it names a file of its own
+            raise ExplorerError(f"cannot open storage {shown(url)!r}: its folder {file.parent} does not exist (create it, "
+                                "or give storage: another path)", source=str(self.study.source), field="storage")
         try:
             if url.startswith("journal:"):
                 return journal_storage(str(self.file()), spec.heartbeat_s, grace)
