@@ -233,14 +233,17 @@ def test_budgets_holding_the_same_configurations_are_one_question() -> None:
 
 
 def test_the_decide_policy_spends_seeds_where_the_bound_shrinks() -> None:
-    """Two near-tied best configurations and far worse ones: the next seeds go to the top pair."""
+    """Two near-tied best configurations and far worse ones: the next seeds go to the top pair; none at a margin
+    every seed up to the cap could not reach (futile, issue 42), nor at one already met."""
     rng = np.random.default_rng(8)
     means = np.array([0.70, 0.72, 0.75, 0.78, 0.80, 0.82, 0.94, 0.945])
     values = means[:, None] + 0.012 * rng.standard_normal((8, 3))
     post = stats.summarize(frame(values), "accuracy", OBJECTIVES, draws=0).attrs["posterior"]
     room = {k: 3 for k in post.keys}
-    chosen = next_seeds(post, [10**6], 0.002, 0.95, room)
+    assert 0.007 < post.regret(post.keys, 0.95).eps < 0.01
+    chosen = next_seeds(post, [10**6], 0.007, 0.95, room)
     assert chosen and set(chosen) <= {"c06", "c07"}
+    assert next_seeds(post, [10**6], 0.002, 0.95, room) == []  # 0.2 points: not even 6 seeds each would decide it
     assert next_seeds(post, [10**6], 0.5, 0.95, room) == []  # decided at a 50-point margin: no seed
 
 
