@@ -203,11 +203,14 @@ class Queue:
             with self.store.lock():
                 self.requeue_dead(ostudy)
                 _bring_back_pruned(self, ostudy)
-                more = len(self.study.seeds) > 1 or len(self.study.spec.budget.ladder) > 1  # more seeds, or longer runs
-                batch = _round_due(self, ostudy, free) if more else None
+                if len(self.study.seeds) == 1 and len(self.study.spec.budget.ladder) == 1:
+                    return []  # no more seeds, no longer runs
+                trials = current_trials(ostudy)
+                plan = startable(self, ostudy, trials)
+                batch = _round_due(self, trials, plan, free)
                 if batch is None:
                     return []
-                pending = _pending(self, ostudy)
+                pending = _pending(self.study, trials, plan)
             return _read_policy(self, ostudy, batch, pending)
 
     def verification(self, ostudy: optuna.Study, keys: list[str]) -> list[str]:
@@ -316,31 +319,27 @@ def _bring_back_pruned(queue: Queue, ostudy: optuna.Study) -> list[str]:
     return keys
 
 
-def _round_due(queue: Queue, ostudy: optuna.Study, free: int) -> int | None:
+def _round_due(queue: Queue, trials: list[optuna.trial.FrozenTrial], plan: Plan, free: int) -> int | None:
     """How many runs a round may hand out now, or None when none is due. `fixed` reads each new set of
     results once and queues whatever it wants; `adaptive` and `decide` read when some of the `free`
     slots would find nothing to start and there are results they have not read, or more free slots than
     their last reading was offered (what it wanted then is queued, or in flight until a result comes)."""
-    trials = current_trials(ostudy)
     evidence = frozenset(t.number for t in trials if t.state.is_finished())
     if queue.study.spec.replicates.policy == "fixed":
         if evidence == queue.evidence:
             return None
         queue.evidence = evidence
         return max(free, 1)
-    batch = free - startable(queue, ostudy, trials).ready()
+    batch = free - plan.ready()
     if batch <= 0 or (evidence == queue.evidence and free <= queue.offered):
         return None
     queue.evidence, queue.offered = evidence, free
     return batch
 
 
-def _pending(queue: Queue, ostudy: optuna.Study) -> dict[str, int]:
+def _pending(study: ResolvedStudy, trials: list[optuna.trial.FrozenTrial], plan: Plan) -> dict[str, int]:
     """Runs in flight per row (running, or queued to run): under wsd a run counts at each rung it will
     measure; a grid's queued trials past `n_trials`, which never run, do not count."""
-    study = queue.study
-    trials = current_trials(ostudy)
-    plan = startable(queue, ostudy, trials)
     ladder = study.spec.budget.ladder
     out: Counter[str] = Counter()
     for t in [t for t in trials if t.state == _RUNNING] + plan.now + plan.held:
