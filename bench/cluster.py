@@ -155,7 +155,8 @@ def explorer_run(folder: Path, seconds: float, trials: int, gpus: int, storage: 
             "suggest_ms": 1e3 * statistics.median(driver.launches or [0]),
             "driver_ms": 1e3 * sum(map(sum, driver.calls.values())) / max(1, len(trained)), "writes": writes / wall,
             "writes_name": "log records/s" if journal else "transactions/s",
-            "decided": decided, "budgets": budgets, "until_decided": until_decided}
+            "decided": decided, "budgets": budgets, "until_decided": until_decided,
+            "tenths": tenths(folder / "ray-results", began.timestamp(), wall, gpus)}
 
 
 def decided_at(study: Any, ostudy: optuna.Study, began: datetime.datetime) -> tuple[int, int, float | None]:
@@ -197,12 +198,12 @@ def tune_run(folder: Path, seconds: float, trials: int, gpus: int) -> dict[str, 
     tuner = tune.Tuner(tune.with_resources(trainable, {"cpu": 1, "gpu": 1}),
                        tune_config=tune.TuneConfig(search_alg=search, num_samples=trials, max_concurrent_trials=gpus, reuse_actors=True),
                        run_config=tune.RunConfig(name="tune", storage_path=str(folder / "tune-results"), verbose=0))
-    start = time.perf_counter()
+    start, began = time.perf_counter(), time.time()
     results = tuner.fit()
     wall = time.perf_counter() - start
     done = sum(1 for r in results if r.metrics and r.metrics.get("epoch") == EPOCHS)
     return {"wall": wall, "trials": done, "gpus": gpus, "busy": done * seconds / (gpus * wall),
-            "inside": statistics.median(ray_seconds(folder / "tune-results"))}
+            "inside": statistics.median(ray_seconds(folder / "tune-results")), "tenths": tenths(folder / "tune-results", began, wall, gpus)}
 
 
 def ray_seconds(root: Path) -> list[float]:
@@ -214,6 +215,19 @@ def ray_seconds(root: Path) -> list[float]:
         if lines:
             out.append(float(json.loads(lines[-1])["time_total_s"]))
     return out or [math.nan]
+
+
+def tenths(root: Path, began: float, wall: float, gpus: int) -> list[float]:
+    """The GPUs' busy share in each tenth of the run, from each Ray trial's span in its result files (its last
+    report's `timestamp` less its `time_total_s`): where in the run the GPUs idle."""
+    spans = []
+    for path in root.rglob("result.json"):
+        lines = path.read_text().splitlines()
+        if lines:
+            last = json.loads(lines[-1])
+            spans.append((last["timestamp"] - last["time_total_s"], last["timestamp"]))
+    edges = [began + wall * i / 10 for i in range(11)]
+    return [sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in spans) / (gpus * (hi - lo)) for lo, hi in zip(edges, edges[1:])]
 
 
 MARK = f"EXPLORER_BENCH_CLUSTER={os.getpid()}"  # in this cluster's workers' environment: other Rays on the host are not sampled
@@ -303,7 +317,8 @@ def main() -> None:
 
 def print_row(seconds: float, name: str, r: dict[str, Any]) -> None:
     # the rest of a GPU's seconds per trial is between trials: the driver, Tune's scheduling, a worker's start
-    slot = f"a GPU's {r['wall'] * r['gpus'] / max(1, r['trials']):.1f} s a trial, {r['inside']:.1f} s inside it"
+    slot = (f"a GPU's {r['wall'] * r['gpus'] / max(1, r['trials']):.1f} s a trial, {r['inside']:.1f} s inside it; busy by tenth "
+            f"of the run {' '.join(f'{b:.2f}' for b in r['tenths'])}")
     if name == "tune":
         print(f"T={seconds:g}s  {'ray tune + OptunaSearch':<24} busy {r['busy']:.3f}  wall {r['wall']:7.1f} s  trials {r['trials']}  {slot}",
               flush=True)

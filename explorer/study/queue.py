@@ -84,8 +84,8 @@ class Queue:
 
         Under the study's lock, the count of what is left and the start are one step for every worker:
         never more than `n_trials` configurations, never one (configuration, seed) twice. Queued trials
-        go first, in queue order (`startable`); then a new proposal, unless a queued trial waits for a run
-        of its (configuration, seed) to end, or the study is a grid (its queue is all it runs).
+        go first, in queue order (`startable`); then a new proposal while `n_trials` admits one (never for
+        a grid: its queue is all it runs).
         """
         with self.store.lock():
             trials = current_trials(ostudy)
