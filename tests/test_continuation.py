@@ -262,10 +262,10 @@ def test_the_ray_searcher_hands_out_a_run_for_every_free_trial(tmp_path: Path, m
 PROMOTED = {"epochs": [2, 6], "batch_size": 32, "lr": 0.003, "seed": 0, "seeds": 1}  # a 6-epoch run continues for 5 epochs
 
 
-def promoted_study(tmp_path: Path, **overrides: Any) -> tuple[Any, optuna.Study, str]:
-    """One configuration's 2-epoch run at seed 0 (kept at its cooldown start) and its 6-epoch run queued, which
+def promoted_study(tmp_path: Path, budget: dict = PROMOTED, **overrides: Any) -> tuple[Any, optuna.Study, str]:
+    """One configuration's 2-epoch run at seed 0 (kept at its cooldown start) and its longer run queued, which
     continues it; the `fixed` policy at one seed queues nothing more."""
-    path = write_study(tmp_path, ONE, budget=PROMOTED, replicates={"policy": "fixed"}, sampler={"name": "random", "seed": 0},
+    path = write_study(tmp_path, ONE, budget=budget, replicates={"policy": "fixed"}, sampler={"name": "random", "seed": 0},
                        n_trials=1, **overrides)
     study = load_study_spec(path)
     ostudy = study.open()
@@ -321,18 +321,19 @@ def nodes() -> Iterator[Any]:
 
 @pytest.mark.slow
 def test_a_continued_run_moves_to_another_ray_node_and_ends_as_from_scratch(tmp_path: Path, nodes: Any) -> None:
-    """The 2-epoch run's kept state reaches the experiment root (storage_path), not a node's disk; the 6-epoch run
-    fetches it on its node, which is lost mid-run: Ray retries it on the other node from its last checkpoint."""
+    """The 2-epoch run's kept state reaches the experiment root (storage_path), not a node's disk; the 12-epoch run
+    fetches it on its node, which is lost mid-run (9 epochs to go: it cannot end first): Ray retries it on the
+    other node from its last checkpoint."""
     from explorer.executors.ray_tune import RayExecutor, experiment_root
 
     cluster, workers = nodes
     ray_executor = {"name": "ray", "cpu": 1, "max_concurrent": 1, "max_failures": 2, "storage_path": "ray-results",
                     "checkpoint_every_s": 0}
-    study, ostudy, key = promoted_study(tmp_path, executor=ray_executor)
+    study, ostudy, key = promoted_study(tmp_path, {**PROMOTED, "epochs": [2, 12]}, executor=ray_executor)
     RayExecutor().run(study, ostudy)
     shared = experiment_root(study) / "kept" / "layers_1_heads_2-seed0"
     assert sorted(p.name for p in shared.iterdir()) == ["2.json", "2.pt"] and not study.checkpoint_root.exists()
-    queue_module.enqueue(study, ostudy, {"arch": key}, seed=0, epochs=6, replicate=True)
+    queue_module.enqueue(study, ostudy, {"arch": key}, seed=0, epochs=12, replicate=True)
     lost: list[str] = []
     ended = threading.Event()
 
@@ -352,14 +353,14 @@ def test_a_continued_run_moves_to_another_ray_node_and_ends_as_from_scratch(tmp_
     ended.set()
     killer.join()
     assert lost, "the continued run never reported its second epoch"
-    (six,) = [t for t in ostudy.get_trials() if t.state == COMPLETE and t.user_attrs["epochs"] == 6]
+    (long,) = [t for t in ostudy.get_trials() if t.state == COMPLETE and t.user_attrs["epochs"] == 12]
     rows = _rows(experiment_root(study))
     moved = {r["trial_id"] for r in rows if r.get("epoch", 0) > 2}
     assert {r["node"] for r in rows if r["trial_id"] in moved} == {n.node_id for n in workers}  # it ran on both nodes
-    scratch, _ = train(6, budget=study.spec.budget.model_copy(update={"seed": 0}))
-    assert six.user_attrs["resumed_from"] == 2
-    assert six.user_attrs["curve"] == scratch.curve and six.values[0] == scratch.metrics["accuracy"]
-    assert not shared.exists()  # the 6-epoch run is the ladder's longest: the spent state is deleted there too
+    scratch, _ = train(12, budget=study.spec.budget.model_copy(update={"seed": 0}))
+    assert long.user_attrs["resumed_from"] == 2
+    assert long.user_attrs["curve"] == scratch.curve and long.values[0] == scratch.metrics["accuracy"]
+    assert not shared.exists()  # the 12-epoch run is the ladder's longest: the spent state is deleted there too
 
 
 def _rows(root: Path) -> list[dict]:
