@@ -17,8 +17,11 @@ spent in explorer's searcher per trial, all calls; `suggest`: the median of thos
 second, and checks the storage afterwards: every (configuration, seed) trained once, nothing left RUNNING.
 Each row also splits a GPU's seconds per trial (GPUs x wall / trials) into the median time inside a trial's
 function (Ray's `time_total_s`, for both) and the rest, between trials.
-The last line:  cluster busy@2s B busy@10s B10 suggest_ms S tune_busy@2s T
-(SQLite's figures; `--storages` picks others, PostgreSQL on a throwaway server as .ci/run starts one).
+Each row also says when every budget the study answers was decided (its answers read from the trials
+stored by then), or how many were at the end.
+The last line:  cluster busy@2s B busy@10s B10 suggest_ms S tune_busy@2s T [busy@60s B60 tune_busy@60s T60]
+(SQLite's figures, by trial length, nan for a length not run; the 60-second pair whenever 60-second trials
+ran; `--storages` picks others, PostgreSQL on a throwaway server as .ci/run starts one).
 
     python bench/cluster.py [--gpus 32] [--nodes 4] [--seconds 2 10 60] [--storages sqlite postgresql journal]
     python bench/cluster.py --quick     # 4 GPUs on 2 nodes, 2-second trials, 2 waves, SQLite: what tests/test_bench.py runs
@@ -45,6 +48,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import optuna
+import pandas as pd
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,6 +141,7 @@ def explorer_run(folder: Path, seconds: float, trials: int, gpus: int, storage: 
     if driver.profile is not None:
         print({name: f"{sum(calls):.1f} s in {len(calls)}, max {max(calls, default=0):.2f} s" for name, calls in driver.calls.items()})
         pstats.Stats(driver.profile).sort_stats("cumulative").print_stats(40)
+    decided, budgets, until_decided = decided_at(study, ostudy, began)
     trained = [t for t in ostudy.get_trials() if t.state == optuna.trial.TrialState.COMPLETE and "duplicate_of" not in t.user_attrs]
     pairs = Counter((t.params["arch"], int(t.user_attrs.get("seed", 0))) for t in trained)
     writes = sum(1 for _ in journal.open()) if journal else commits["commit"] - before
@@ -149,7 +154,33 @@ def explorer_run(folder: Path, seconds: float, trials: int, gpus: int, storage: 
             "inside": statistics.median(ray_seconds(folder / "ray-results")),
             "suggest_ms": 1e3 * statistics.median(driver.launches or [0]),
             "driver_ms": 1e3 * sum(map(sum, driver.calls.values())) / max(1, len(trained)), "writes": writes / wall,
-            "writes_name": "log records/s" if journal else "transactions/s"}
+            "writes_name": "log records/s" if journal else "transactions/s",
+            "decided": decided, "budgets": budgets, "until_decided": until_decided,
+            "tenths": tenths(folder / "ray-results", began.timestamp(), wall, gpus)}
+
+
+def decided_at(study: Any, ostudy: optuna.Study, began: datetime.datetime) -> tuple[int, int, float | None]:
+    """(budgets decided at the end, distinct budgets, seconds from the run's start until every one was decided:
+    the answers read from the trials stored by then, the earliest such time found by bisection over the
+    stored results; None when some budget is still undecided at the end)."""
+    from explorer.frame import trials_frame
+    from explorer.identity import current_rows
+
+    frame = current_rows(trials_frame(ostudy), ostudy)
+    times = sorted(frame["datetime_complete"].dropna().unique())
+
+    def answers(upto: Any) -> list[bool]:
+        summary = study.reads.summary(ostudy, draws=0, frame=frame[frame["datetime_complete"] <= upto])
+        return [a.decided for _, a in study.reads.answers(summary)]
+
+    end = answers(times[-1])
+    if not all(end):
+        return sum(end), len(end), None
+    lo, hi = 0, len(times) - 1  # the earliest prefix with every budget decided (decisions seldom flip back)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if all(answers(times[mid])) else (mid + 1, hi)
+    return sum(end), len(end), (pd.Timestamp(times[lo]).to_pydatetime() - began).total_seconds()
 
 
 def tune_run(folder: Path, seconds: float, trials: int, gpus: int) -> dict[str, Any]:
@@ -167,12 +198,12 @@ def tune_run(folder: Path, seconds: float, trials: int, gpus: int) -> dict[str, 
     tuner = tune.Tuner(tune.with_resources(trainable, {"cpu": 1, "gpu": 1}),
                        tune_config=tune.TuneConfig(search_alg=search, num_samples=trials, max_concurrent_trials=gpus, reuse_actors=True),
                        run_config=tune.RunConfig(name="tune", storage_path=str(folder / "tune-results"), verbose=0))
-    start = time.perf_counter()
+    start, began = time.perf_counter(), time.time()
     results = tuner.fit()
     wall = time.perf_counter() - start
     done = sum(1 for r in results if r.metrics and r.metrics.get("epoch") == EPOCHS)
     return {"wall": wall, "trials": done, "gpus": gpus, "busy": done * seconds / (gpus * wall),
-            "inside": statistics.median(ray_seconds(folder / "tune-results"))}
+            "inside": statistics.median(ray_seconds(folder / "tune-results")), "tenths": tenths(folder / "tune-results", began, wall, gpus)}
 
 
 def ray_seconds(root: Path) -> list[float]:
@@ -184,6 +215,19 @@ def ray_seconds(root: Path) -> list[float]:
         if lines:
             out.append(float(json.loads(lines[-1])["time_total_s"]))
     return out or [math.nan]
+
+
+def tenths(root: Path, began: float, wall: float, gpus: int) -> list[float]:
+    """The GPUs' busy share in each tenth of the run, from each Ray trial's span in its result files (its last
+    report's `timestamp` less its `time_total_s`): where in the run the GPUs idle."""
+    spans = []
+    for path in root.rglob("result.json"):
+        lines = path.read_text().splitlines()
+        if lines:
+            last = json.loads(lines[-1])
+            spans.append((last["timestamp"] - last["time_total_s"], last["timestamp"]))
+    edges = [began + wall * i / 10 for i in range(11)]
+    return [sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in spans) / (gpus * (hi - lo)) for lo, hi in zip(edges, edges[1:])]
 
 
 MARK = f"EXPLORER_BENCH_CLUSTER={os.getpid()}"  # in this cluster's workers' environment: other Rays on the host are not sampled
@@ -273,7 +317,8 @@ def main() -> None:
 
 def print_row(seconds: float, name: str, r: dict[str, Any]) -> None:
     # the rest of a GPU's seconds per trial is between trials: the driver, Tune's scheduling, a worker's start
-    slot = f"a GPU's {r['wall'] * r['gpus'] / max(1, r['trials']):.1f} s a trial, {r['inside']:.1f} s inside it"
+    slot = (f"a GPU's {r['wall'] * r['gpus'] / max(1, r['trials']):.1f} s a trial, {r['inside']:.1f} s inside it; busy by tenth "
+            f"of the run {' '.join(f'{b:.2f}' for b in r['tenths'])}")
     if name == "tune":
         print(f"T={seconds:g}s  {'ray tune + OptunaSearch':<24} busy {r['busy']:.3f}  wall {r['wall']:7.1f} s  trials {r['trials']}  {slot}",
               flush=True)
@@ -281,7 +326,14 @@ def print_row(seconds: float, name: str, r: dict[str, Any]) -> None:
     print(f"T={seconds:g}s  {'explorer, ' + name:<24} busy {r['busy']:.3f}  wall {r['wall']:7.1f} s  trials {r['trials']} "
           f"({r['replicates']} replicates; busy {r['busy_first']:.3f} until the first round)  suggest {r['suggest_ms']:.1f} ms  "
           f"driver {r['driver_ms']:.1f} ms/trial  "
-          f"{r['writes']:.1f} {r['writes_name']}  trained twice {r['twice']}  left running {r['running']}  {slot}", flush=True)
+          f"{r['writes']:.1f} {r['writes_name']}  trained twice {r['twice']}  left running {r['running']}  {slot}  "
+          f"{decided_words(r)}", flush=True)
+
+
+def decided_words(r: dict[str, Any]) -> str:
+    if r["until_decided"] is None:
+        return f"decided {r['decided']}/{r['budgets']} budgets at the end"
+    return f"every budget ({r['budgets']}) decided at {r['until_decided']:.0f} s"
 
 
 def summarize(rows: list[tuple[float, str, dict[str, Any]]], memory: list[tuple[float, float]], args: argparse.Namespace,
@@ -297,11 +349,13 @@ def summarize(rows: list[tuple[float, str, dict[str, Any]]], memory: list[tuple[
         r = pick.get((seconds, name))
         return f"{r[key]:.2f}" if r else "nan"
 
-    two, ten = (args.seconds[0], args.seconds[1] if len(args.seconds) > 1 else None)
+    two = 2 if (2, first) in pick else args.seconds[0]
     suggest = pick.get((two, first), {}).get("suggest_ms", float("nan"))
-    print(f"cluster busy@2s {get(two, first, 'busy')} busy@10s {get(ten, first, 'busy')} suggest_ms {suggest:.1f} "
-          f"tune_busy@2s {get(two, 'tune', 'busy')}")
-
+    line = (f"cluster busy@2s {get(2, first, 'busy')} busy@10s {get(10, first, 'busy')} suggest_ms {suggest:.1f} "
+            f"tune_busy@2s {get(2, 'tune', 'busy')}")
+    if (60, first) in pick:
+        line += f" busy@60s {get(60, first, 'busy')} tune_busy@60s {get(60, 'tune', 'busy')}"
+    print(line)
 
 if __name__ == "__main__":
     main()

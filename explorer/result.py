@@ -31,6 +31,7 @@ class TrialResult:
     device_name: str = "CPU"  # torch.cuda.get_device_name on CUDA
     precision: str = "float32"  # what the forward ran in (`precision`)
     rungs: dict[int, dict[str, float]] = field(default_factory=dict)  # a ladder's lengths: the metrics at each (wsd)
+    resumed_from: int | None = None  # wsd: the length of the run whose kept state it continued (explorer.checkpoints.Carry)
 
 
 def precision(device: str, bf16: bool) -> str:

@@ -11,6 +11,11 @@ before and after training (`explorer.conditioning`).
 A NaN/inf loss raises `TrialFailed`: the trial fails, the study goes on. With a `checkpoint_dir`
 the run saves its whole state after an epoch (every epoch, or once `checkpoint_every_s` passed since
 the last save) and resumes from it, giving the same result on CPU as an uninterrupted run.
+
+Under wsd a run continues a shorter run of its (configuration, seed) (`carry`: explorer.checkpoints.Carry):
+it starts from that run's state at its cooldown start, the state every longer run of the seed passes
+through, and trains only the epochs past it (and the cooldowns of the rungs in between), with the result
+of a run from scratch, bit for bit on one machine; it keeps its own state at its own cooldown start.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ Callback = Callable[[int, dict[str, float]], None]
 KAPPA_SAMPLES = 32  # eval samples on which κ is measured: enough for a stable median, cheap to SVD
 _GLOBAL_RNG = threading.Lock()  # held while a trial seeds torch's global RNG and draws its model's initialisation
 NAN_CHECK_EVERY = 50  # on CUDA, steps between the host syncs that look for a non-finite loss
+KEPT_AT = "kept_at"  # in a kept state's progress: the length of the run that kept it
 
 
 def default_device() -> str:
@@ -68,6 +74,7 @@ def run_trial(
     checkpoint_dir: Path | None = None,
     device: str | None = None,
     checkpoint_every_s: float = 0.0,
+    carry: checkpoints.Carry | None = None,
 ) -> TrialResult:
     """Train `family` at `dims` on `task` within `budget`; report each epoch to `callback`.
 
@@ -77,13 +84,14 @@ def run_trial(
     `TrialFailed` saying how much memory the trial needed) when the device runs out of memory anywhere
     in the trial (building, κ, training). κ is measured on the first KAPPA_SAMPLES inputs of the eval
     split, before and after training. A checkpoint is written after an epoch once `checkpoint_every_s`
-    passed since the last one (0: every epoch).
+    passed since the last one (0: every epoch). `carry` (wsd): the kept states of the run's (configuration,
+    seed) it may start from when it has no checkpoint, and where it keeps its own.
     """
     device = device or default_device()
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(device)  # what the trial needed, if it runs out of memory
     try:
-        return _run(family, dims, task, budget, callback, checkpoint_dir, device, checkpoint_every_s)
+        return _run(family, dims, task, budget, callback, checkpoint_dir, device, checkpoint_every_s, carry)
     except torch.OutOfMemoryError as err:
         reason = f"out of memory on {device}: {_memory_needed(device, str(err))}{str(err).splitlines()[0]}"
     raise OutOfMemory(reason)  # raised outside the handler, so the traceback no longer pins GPU memory
@@ -118,6 +126,7 @@ def _run(
     checkpoint_dir: Path | None,
     device: str,
     checkpoint_every_s: float,
+    carry: checkpoints.Carry | None = None,
 ) -> TrialResult:
     """`run_trial`'s body: build, measure κ, train, measure κ again (any of them may run out of memory)."""
     model = build_model(family, dims, budget.seed).to(device)
@@ -133,21 +142,25 @@ def _run(
     set_tf32(budget.tf32)
     optimizer = adamw(((p, p.ndim >= 2) for p in model.parameters() if p.requires_grad), budget.lr,
                       budget.weight_decay, device, graphs=mode == "cudagraphs")
-    rungs = None
+    rungs, wsd = None, None
     if budget.lr_schedule == "wsd":  # the warmup of the shortest rung, the same at every length
         wsd = WSD(max(1, int(budget.warmup_frac * budget.ladder[0] * steps_per_epoch)), steps_per_epoch, budget.cooldown,
                   budget.longest)
         rungs, factor = Rungs.of(budget.ladder, wsd), wsd
     else:
         factor = warmup_cosine(int(budget.warmup_frac * total_steps), total_steps)
+        carry = None  # a cosine run's schedule depends on its length all along: nothing to continue
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
     path = Path(checkpoint_dir) / CHECKPOINT if checkpoint_dir is not None else None
     parts, owner = checkpoints.Parts(model, optimizer, scheduler, data.train), {"family": family, "dims": dict(dims)}
+    trajectory = _trajectory(family, dims, budget, device)
     if path is not None and path.exists():
         state = _State(**checkpoints.load(path, owner, parts, device, _GLOBAL_RNG))
     else:
-        state = _State(kappa_init=attention_condition(model, probe))
+        state = _carried(carry, trajectory, parts, device) or _State(kappa_init=attention_condition(model, probe))
+    if wsd is not None:
+        wsd.target = budget.longest  # a state kept by a shorter run brings that run's target
     last_save = time.monotonic()
 
     def checkpoint() -> None:
@@ -156,7 +169,12 @@ def _run(
             checkpoints.save(path, owner, parts, vars(state), device)
             last_save = time.monotonic()
 
-    _fit(model, mode, data, optimizer, scheduler, budget, device, task, state, total_steps, callback, checkpoint, rungs)
+    def keep() -> None:
+        """At the run's cooldown start, its state for a longer run of its (configuration, seed) to continue from."""
+        if carry is not None and carry.keep is not None and wsd is not None and state.epoch == wsd.decay_start(budget.longest):
+            checkpoints.save(carry.keep, trajectory, parts, {**vars(state), KEPT_AT: budget.longest}, device)
+
+    _fit(model, mode, data, optimizer, scheduler, budget, device, task, state, total_steps, callback, checkpoint, rungs, keep)
     return TrialResult(
         metric=state.metrics[task.metric],
         metrics=state.metrics,
@@ -165,14 +183,45 @@ def _run(
         kappa_final=attention_condition(model, probe),
         params=params,
         steps=state.step,
-        train_time_s=state.train_time_s,
+        train_time_s=state.train_time_s - state.inherited_s,
         device=device,
         compile=mode,
         tf32=budget.tf32,
         device_name=device_name(device),
         precision=precision(device, budget.bf16),
         rungs={**state.rungs, **({state.epoch: state.metrics} if state.epoch == budget.longest else {})} if rungs else {},
+        resumed_from=state.resumed_from,
     )
+
+
+def _trajectory(family: str, dims: dict[str, Any], budget: Budget, device: str) -> dict[str, Any]:
+    """What a kept state belongs to: one trajectory of one (configuration, seed), whatever the run's length
+    (the budget less its lengths, but with the shortest, which sets the warmup), in one precision."""
+    fields = {k: v for k, v in budget.identity().items() if k != "epochs"}
+    return {"family": family, "dims": dict(dims), "seed": budget.seed, "budget": {**fields, "warmup_from": budget.ladder[0]},
+            "precision": precision(device, budget.bf16)}
+
+
+def _carried(carry: checkpoints.Carry | None, trajectory: dict[str, Any], parts: checkpoints.Parts, device: str) -> _State | None:
+    """The run's state loaded from the latest kept state of its trajectory (`carry.source`), else None: none
+    kept, or one of another trajectory (a study changed with --force), or gone meanwhile (a run from
+    scratch is correct, only slower). A shorter run's state brings that run's final metrics as its rung."""
+    found = carry.source if carry is not None else None
+    if found is None:
+        return None
+    try:
+        payload = checkpoints.read(found[0], trajectory)
+    except Exception:  # noqa: BLE001  unreadable, partly written by a node that died, another trajectory's: nothing restored yet
+        return None
+    progress = checkpoints.restore(payload, parts, device, _GLOBAL_RNG)
+    state = _State(**{k: v for k, v in progress.items() if k != KEPT_AT})
+    length = int(progress[KEPT_AT])
+    if length < carry.length:  # another run's state: this run trains on from it
+        state.resumed_from, state.inherited_s = length, state.train_time_s
+        metrics = carry.metrics(length)
+        if metrics is not None:
+            state.rungs[length] = metrics
+    return state
 
 
 @dataclass
@@ -187,6 +236,8 @@ class _State:
     metrics: dict[str, float] = field(default_factory=dict)
     train_time_s: float = 0.0
     rungs: dict[int, dict[str, float]] = field(default_factory=dict)  # the shorter rungs' metrics, branched off
+    resumed_from: int | None = None  # the length of the run whose kept state this one started from (None: from scratch)
+    inherited_s: float = 0.0  # the training seconds that state carried: not this run's
 
 
 def _fit(
@@ -203,9 +254,10 @@ def _fit(
     callback: Callback | None,
     save: Callable[[], None],
     rungs: Rungs | None = None,
+    keep: Callable[[], None] | None = None,
 ) -> None:
-    """Epochs until a limit is reached: branch off any rung whose cooldown starts here, train, evaluate,
-    checkpoint, report."""
+    """Epochs until a limit is reached: branch off any rung whose cooldown starts here, keep the state where
+    the run's own cooldown starts, train, evaluate, checkpoint, report."""
     is_lm = task.modality == "lm"
     forward: nn.Module = torch.compile(model, dynamic=False) if mode == "compile" else model  # type: ignore[assignment]  # a graph per batch shape
     tally = Tally.on(device)
@@ -218,6 +270,8 @@ def _fit(
             if rung not in state.rungs:
                 state.rungs[rung] = _branch(model, forward, step, tally, optimizer, scheduler, data, budget, device,
                                             is_lm, rungs.wsd, state, rung, total_steps)
+        if keep is not None:
+            keep()
         _set_epoch(data.train, state.epoch)
         model.train()
         train_loss, steps, stopped = _train_epoch(step, tally, data.train, scheduler, budget, device, state, total_steps)

@@ -128,3 +128,15 @@ def test_cluster_bench_runs_explorer_and_plain_tune_on_a_simulated_cluster() -> 
     row = next(line for line in lines if "explorer, sqlite" in line)
     assert "trained twice 0" in row and "left running 0" in row, row
     assert re.search(r"Ray worker: PSS \d+ MiB", done.stdout)
+
+
+def test_continuation_bench_times_a_promotion_beside_the_run_from_scratch() -> None:
+    """bench/continuation.py --quick: a 2-epoch run of the default study's model continued to 4 epochs beside the
+    4-epoch run from scratch (identical results, 3 epochs trained against 5), and the disk kept per run (the full
+    run's figures, at 10 and 20 epochs, are in docs/benchmarks/index.md)."""
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "continuation.py"), "--quick"], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert re.fullmatch(r"continuation ratio \d\.\d\d disk_mb \d+\.\d\d", lines[-1]), lines[-1]
+    assert "(3 epochs trained) vs from scratch" in done.stdout and "(5 epochs): " in done.stdout and "identical: yes" in done.stdout

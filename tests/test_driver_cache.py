@@ -63,7 +63,7 @@ def drive(path: Path, running: int = 3, stop_after: int | None = None, inline: b
     ostudy = study.open()
     link = _Link(study, ostudy)
     if inline:
-        link.replicate = lambda: (study.queue.replicates(link.open()[1]), link.queued.set())
+        link.replicate = lambda free=1: (study.queue.replicates(link.open()[1], free), link.queued.set())
     bridge = OptunaBridge(link)
     open_ids: list[tuple[str, dict]] = []
     told, asked = 0, 0
@@ -197,9 +197,9 @@ def test_the_replicate_policy_is_read_off_the_searchers_thread_and_its_runs_are_
     readers: list[str] = []
     real = Queue.replicates
 
-    def replicates(self, ostudy):
+    def replicates(self, ostudy, free=1):
         readers.append(threading.current_thread().name)
-        return real(self, ostudy)
+        return real(self, ostudy, free)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Queue, "replicates", replicates)

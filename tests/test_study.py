@@ -231,6 +231,7 @@ def test_shipped_studies_load_and_run_a_short_trial(path: Path, tmp_path: Path) 
     assert study.spec.n_trials >= 1 and study.keys
     study.spec.storage = f"sqlite:///{tmp_path / 'shipped.db'}"
     study.spec.budget.epochs, study.spec.budget.max_steps, study.spec.n_trials = 1, 2, 1
+    study.spec.budget.seeds = None  # one run: a grid past n_trials replicates what it ran (issue 42)
     ostudy = study.open()
     LocalExecutor().run(study, ostudy)
     (trial,) = ostudy.get_trials(states=(COMPLETE,))

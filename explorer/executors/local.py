@@ -84,6 +84,8 @@ class _Worker:
                  pool: DevicePool, on_epoch: EpochCallback | None = None):
         self.study, self.ostudy, self.on_trial, self.interrupts, self.pool = study, ostudy, on_trial, interrupts, pool
         self.on_epoch = on_epoch
+        self.slots, self.busy = pool.execution.slots, 0  # this process's workers, and those training a trial now
+        self._busy = threading.Lock()
         self.stop = interrupts.wake  # set by Ctrl-C, too many failures, a broken CUDA context, or a thread's study error
         self.broken: list[str] = []  # faults that broke this process's CUDA context
 
@@ -112,7 +114,7 @@ class _Worker:
             claimed = study.queue.claim(ostudy)
             if claimed is None:  # fail dead workers' trials, queue them again, queue a round of replicates
                 study.queue.waiting(ostudy)
-                study.queue.replicates(ostudy)
+                study.queue.replicates(ostudy, self.free())
                 claimed = study.queue.claim(ostudy)
             if claimed is None:
                 if not ostudy.get_trials(deepcopy=False, states=(_RUNNING,)):
@@ -120,10 +122,21 @@ class _Worker:
                 self.stop.wait(study.spec.heartbeat_s)
                 continue
             trial, cfg = claimed
+            with self._busy:
+                self.busy += 1
             with beating(ostudy, trial):
-                frozen = self.trial(trial, cfg)
+                try:
+                    frozen = self.trial(trial, cfg)
+                finally:
+                    with self._busy:
+                        self.busy -= 1
             if frozen is not None:
                 self.after(frozen)
+
+    def free(self) -> int:
+        """This process's workers not training a trial now (the one asking among them): a round's size."""
+        with self._busy:
+            return max(1, self.slots - self.busy)
 
     def trial(self, trial: optuna.Trial, cfg: Config) -> optuna.trial.FrozenTrial | None:
         """Train one claimed trial (with its configuration's queued seeds, where training them as one model
@@ -208,7 +221,7 @@ class _Worker:
     def after(self, frozen: optuna.trial.FrozenTrial) -> None:
         study, ostudy = self.study, self.ostudy
         if not self.interrupts.requested:
-            study.queue.replicates(ostudy)
+            study.queue.replicates(ostudy, self.free())
         if self.on_trial is not None:
             self.on_trial(ostudy, frozen)
         if study.reads.too_many_failures(ostudy):

@@ -62,6 +62,7 @@ class _Link:
         self._beating: threading.Event | None = None
         self._wake, self.queued = threading.Event(), threading.Event()  # the policy has new results / queued runs
         self.policy_error: BaseException | None = None
+        self.free = 1  # the trials Tune may still start, as the searcher last saw
 
     def __getstate__(self) -> dict[str, Any]:
         return {"data": self.data, "metric": self.metric, "open_trials": dict(self.open_trials), "execution": self.execution}
@@ -70,7 +71,7 @@ class _Link:
         self.data, self.metric, self.open_trials = state["data"], state["metric"], state["open_trials"]
         self.execution = state.get("execution")
         self._study = self._ostudy = self.on_trial = self.on_epoch = self._beating = None
-        self._wake, self.queued, self.policy_error = threading.Event(), threading.Event(), None
+        self._wake, self.queued, self.policy_error, self.free = threading.Event(), threading.Event(), None, 1
 
     def study(self) -> Study:
         """The study, rebuilt from its data once per process: Tune hands each trial a copy of the link, and a
@@ -94,12 +95,14 @@ class _Link:
             threading.Thread(target=self._replicating, args=(study, self._ostudy, self._beating), daemon=True).start()
         return study, self._ostudy
 
-    def replicate(self) -> None:
+    def replicate(self, free: int = 1) -> None:
         """Have the replicate policy read the latest results (`Queue.replicates`) on this driver's policy
         thread, not on Tune's loop: a posterior fit takes a good part of a second at a few hundred trials,
         and every trial's start and end waits on that loop. Results that end during a fit are read
         together by the next. `queued` is set when a reading queued runs (or failed): the searcher then
-        claims (or raises) at once rather than after its half second of quiet."""
+        claims (or raises) at once rather than after its half second of quiet. `free`: the trials Tune may
+        still start (a round's size)."""
+        self.free = free
         self._wake.set()
 
     def _replicating(self, study: Study, ostudy: optuna.Study, stop: threading.Event) -> None:
@@ -108,7 +111,7 @@ class _Link:
                 continue
             self._wake.clear()
             try:
-                if study.queue.replicates(ostudy):
+                if study.queue.replicates(ostudy, self.free):
                     self.queued.set()
             except Exception as err:  # noqa: BLE001  raised by the searcher's next `suggest`, on Tune's loop
                 self.policy_error = err
@@ -173,9 +176,10 @@ class OptunaBridge(Searcher):
     from storage if it completed: no configuration is trained twice.
     """
 
-    def __init__(self, link: _Link):
+    def __init__(self, link: _Link, slots: int = 1):
         super().__init__()
         self.link = link
+        self.slots = slots  # trials at once (Tune's max_concurrent_trials): a round hands out what is free of them
         self.ray_ids: dict[str, int] = {}  # Ray trial id -> Optuna trial number
         self.held: dict[int, tuple[str, int]] = {}  # Optuna trial number -> (configuration key, seed), waiting for its twin
         self.running: dict[str, tuple[str, int]] = {}  # Ray trial id -> (configuration key, seed) it trains
@@ -184,6 +188,7 @@ class OptunaBridge(Searcher):
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec: Any) -> bool:
         return True  # the space is the study's; nothing to take from Tune
 
+    slots = 1  # a searcher pickled before it kept its slots (a Tuner restored from then)
     quiet_until = 0.0  # no claim is tried again before then, unless a trial ends or the policy queued runs: Tune asks on every turn of its loop
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
@@ -216,13 +221,17 @@ class OptunaBridge(Searcher):
             if self.held or self.link.open_trials:
                 # their results may queue replicates or retries (read on the policy thread, which wakes this
                 # searcher); another worker's queued trials are seen within half a second
-                self.link.replicate()
+                self.link.replicate(self.free())
                 self.quiet_until = time.monotonic() + 0.5
                 return None
             if read or study.reads.too_many_failures(ostudy):
                 return Searcher.FINISHED
-            study.queue.replicates(ostudy)  # nothing runs: the last results are read here, then one more claim
+            study.queue.replicates(ostudy, self.free())  # nothing runs: the last results are read here, then one more claim
             read = True
+
+    def free(self) -> int:
+        """Trials Tune may start besides those running and held (it asks `suggest` only below the limit)."""
+        return max(1, self.slots - len(self.running) - len(self.held))
 
     def _answer_from_storage(self, number: int, key: str) -> bool:
         """A configuration that already completed is not trained again (`Study.answer_from_storage`, as `local`)."""

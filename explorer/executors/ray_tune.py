@@ -35,11 +35,13 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import pyarrow.fs as pafs
 import ray
 from ray import tune
 from ray.tune.execution.placement_groups import PlacementGroupFactory
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
+from explorer import checkpoints
 from explorer.checkpoints import CHECKPOINT
 from explorer.errors import ExplorerError, TrialFailed
 from explorer.executors.base import EpochCallback, Executor, TrialCallback
@@ -47,6 +49,7 @@ from explorer.executors.devices import Execution, cluster_execution
 from explorer.executors.ray_bridge import BinnedScheduler, OptunaBridge, _Link
 from explorer.faults import Fault
 from explorer.study import ExecutorSpec, Study
+from explorer.study.evaluate import carried
 
 
 class RayExecutor(Executor):
@@ -60,7 +63,7 @@ class RayExecutor(Executor):
     def run(self, study: Study, ostudy: optuna.Study, on_trial: TrialCallback | None = None,
             on_epoch: EpochCallback | None = None) -> None:
         execution = self.settle(study, ostudy)
-        study.queue.replicates(ostudy)  # a resumed study queues the replicates it still lacks
+        study.queue.replicates(ostudy, execution.slots)  # a resumed study queues the replicates it still lacks
         if study.queue.remaining(ostudy) == 0:
             return
         check_storage_path(study)
@@ -163,7 +166,7 @@ def make_tuner(study: Study, link: _Link, name: str, execution: Execution) -> tu
     mode = "max" if study.task.higher_is_better else "min"
     return tune.Tuner(
         trainable(link, ex, execution),
-        tune_config=tune.TuneConfig(search_alg=OptunaBridge(link), scheduler=scheduler(link), num_samples=-1,
+        tune_config=tune.TuneConfig(search_alg=OptunaBridge(link, execution.slots), scheduler=scheduler(link), num_samples=-1,
                                     metric=study.task.metric, mode=mode,
                                     max_concurrent_trials=execution.slots, reuse_actors=True),
         run_config=tune.RunConfig(name=name, storage_path=str(experiment_root(study)), verbose=0,
@@ -197,6 +200,60 @@ def resources(cpu: float, gpu: float, config: dict[str, Any]) -> PlacementGroupF
 
 def scheduler(link: _Link) -> TrialScheduler:
     return FIFOScheduler() if link.study().spec.pruner.name == "none" else BinnedScheduler(link)
+
+
+def kept_place(study: Study, key: str, seed: int) -> tuple[pafs.FileSystem, str]:
+    """Where the states the runs of (configuration, seed) keep live on a cluster (explorer.checkpoints.Carry):
+    under the experiment root, which every node reaches as it reaches Ray's checkpoints (a shared folder
+    or a URI such as s3://bucket/path; a cluster of several nodes refuses a local one)."""
+    fs, root = pafs.FileSystem.from_uri(str(experiment_root(study)))
+    return fs, f"{root.rstrip('/')}/{checkpoints.kept(Path(), key, seed).as_posix()}"
+
+
+def _kept_there(fs: pafs.FileSystem, where: str) -> dict[int, str]:
+    found = fs.get_file_info(pafs.FileSelector(where, allow_not_found=True))
+    return {int(stem): f.path for f in found if f.path.endswith(".pt") and (stem := f.base_name[:-3]).isdigit()}
+
+
+def fetch_kept(study: Study, key: str, seed: int, carry: checkpoints.Carry) -> None:
+    """Bring the latest state kept for this run (`carry.source`, from the experiment root) to this node's
+    `carry.folder`; none found, or unreadable: the run trains from scratch (correct, only slower)."""
+    try:
+        fs, where = kept_place(study, key, seed)
+        usable = {n: p for n, p in _kept_there(fs, where).items() if n <= carry.length}
+        if not usable:
+            return
+        carry.folder.mkdir(parents=True, exist_ok=True)
+        source = usable[max(usable)]
+        for remote in (source[:-3] + ".json", source):  # the state last: a state found has its metrics beside it
+            if fs.get_file_info(remote).type == pafs.FileType.File:
+                pafs.copy_files(remote, str(carry.folder / remote.rsplit("/", 1)[1]), source_filesystem=fs,
+                                destination_filesystem=pafs.LocalFileSystem())
+    except (OSError, ValueError) as err:
+        logging.getLogger("explorer").warning("no kept state fetched for %s seed %s: %s", key, seed, err)
+
+
+def store_kept(study: Study, key: str, seed: int, carry: checkpoints.Carry) -> None:
+    """After the run ended: its kept state to the experiment root (under a temporary name, then moved), and
+    the shorter runs' states there deleted (`Carry.ended` did so on this node)."""
+    try:
+        fs, where = kept_place(study, key, seed)
+        if carry.keep is not None and carry.keep.exists():
+            fs.create_dir(where, recursive=True)
+            for local in (carry.keep.with_suffix(".json"), carry.keep):
+                if local.exists():
+                    pafs.copy_files(str(local), f"{where}/{local.name}.tmp", source_filesystem=pafs.LocalFileSystem(),
+                                    destination_filesystem=fs)
+                    fs.move(f"{where}/{local.name}.tmp", f"{where}/{local.name}")
+        for length, path in _kept_there(fs, where).items():
+            if length < carry.length:
+                for name in (path[:-3] + ".json", path):
+                    if fs.get_file_info(name).type == pafs.FileType.File:
+                        fs.delete_file(name)
+        if not fs.get_file_info(pafs.FileSelector(where, allow_not_found=True)):
+            fs.delete_dir(where)
+    except (OSError, ValueError) as err:
+        logging.getLogger("explorer").warning("kept state of %s seed %s not stored: %s", key, seed, err)
 
 
 def trial_device(gpu_ids: Sequence[Any]) -> str:
@@ -255,11 +312,17 @@ def train_trial(config: dict[str, Any], link: _Link) -> None:
         reported[:] = [stamp] if new else reported
         tune.report({**metrics, "epoch": epoch + 1, "node": node}, checkpoint=tune.Checkpoint.from_directory(str(folder)) if new else None)
 
+    seed, length = config.get("seed", study.seeds[0]), config.get("epochs") or study.entry_epochs
+    carry = carried(study, cfg, seed, length, scratch / "kept")
+    if carry is not None:  # the state a shorter run of (configuration, seed) kept, from wherever it ran
+        fetch_kept(study, cfg.key, seed, carry)
     try:
         device = trial_device(ray.get_gpu_ids()) if not study.task.trains_itself else "cuda:0" if ray.get_gpu_ids() else "cpu"
         attrs = study.evaluator.evaluate(cfg, lineage, on_epoch, device, checkpoint_dir=folder,
-                                         seed=config.get("seed"), shared=shared and not config.get("alone"),
-                                         epochs=config.get("epochs"))
+                                         seed=seed, shared=shared and not config.get("alone"),
+                                         epochs=length, kept=carry.folder if carry is not None else None)
+        if carry is not None:
+            store_kept(study, cfg.key, seed, carry)
     except TrialFailed as err:  # a result, not a Ray error: Ray would retry it max_failures times
         tune.report({"fail_reason": str(err), "node": node, metric: math.nan})
         return

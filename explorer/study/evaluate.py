@@ -89,13 +89,18 @@ class Evaluator:
             "torch": torch_version(),
             CLASS: execution_class(result.device, result.precision),
             **ladder,
+            **({"resumed_from": result.resumed_from} if result.resumed_from is not None else {}),  # explorer.checkpoints.Carry
         }
 
     def evaluate(self, cfg: Config, lineage: int, on_epoch: Callable[[int, dict[str, float]], None] | None = None,
                  device: str | None = None, checkpoint_dir: Path | None = None, seed: int | None = None,
-                 shared: bool | Callable[[], bool] = False, epochs: int | None = None) -> dict[str, Any]:
+                 shared: bool | Callable[[], bool] = False, epochs: int | None = None, kept: Path | None = None) -> dict[str, Any]:
         """Train `cfg` at `seed` (default: the first) for `epochs` (default: the entry length) as trial
         `lineage` (resuming its own checkpoint if a killed run left one) and return its attributes.
+
+        Under wsd the run continues the latest state a shorter run of (`cfg`, `seed`) kept (`carry`; its
+        attribute `resumed_from` says which length's, absent when it trained from scratch) and keeps its own;
+        `kept` is where those states are (default: beside the trials' checkpoints; Ray brings them to its node).
 
         A failure of the configuration (NaN loss, an error in the model, running past `trial_timeout_s`,
         out of memory alone on its device) becomes `TrialFailed(reason)`, so the study goes on; a fault
@@ -109,7 +114,9 @@ class Evaluator:
         """
         study = self.study
         seed = study.seeds[0] if seed is None else seed
-        budget = study.spec.budget.at(epochs or study.entry_epochs).model_copy(update={"seed": seed})
+        length = epochs or study.entry_epochs
+        budget = study.spec.budget.at(length).model_copy(update={"seed": seed})
+        carry = carried(study, cfg, seed, length, kept)
         owner = {"study": study.spec.name, "trial": lineage, "config": cfg.key, "budget": budget.model_dump(mode="json", exclude={"seeds"})}
         # another run's checkpoint is not resumed
         ckpt = checkpoints.claim(checkpoint_dir or study.checkpoint_dir(cfg, lineage), owner)
@@ -119,7 +126,8 @@ class Evaluator:
             with time_limit(study.spec.trial_timeout_s):
                 result = trainer(study.task)(cfg.family, cfg.dims, study.task, budget, callback=_noting(on_epoch, raised),
                                              checkpoint_dir=ckpt, device=device,
-                                             checkpoint_every_s=study.spec.executor.checkpoint_every_s)
+                                             checkpoint_every_s=study.spec.executor.checkpoint_every_s,
+                                             **({"carry": carry} if carry is not None else {}))
         except (KeyboardInterrupt, TrialReclaimed):  # kept: the resumed trial (or the retry) continues from its checkpoint
             raise
         except (optuna.TrialPruned, ExplorerError, SystemExit):
@@ -135,6 +143,8 @@ class Evaluator:
                 raise
             raise failure from err
         checkpoints.remove(ckpt)
+        if carry is not None:
+            carry.ended(result.metrics)
         return {**self.attrs(cfg, result, seed), "curve": result.curve, "trial_time_s": time.perf_counter() - start}
 
     def evaluate_seeds(self, cfg: Config, seeds: list[int], on_epochs: list[Callable[[int, dict[str, float]], None] | None],
@@ -218,6 +228,16 @@ class Evaluator:
         key, length = current_key(ostudy), study.length_of(trials[number])
         current = [t for t in trials if is_current(t, key) and study.length_of(t) == length]  # curves of one length
         return study.pruner.should_prune(epoch, value, cfg.params, peers(current, number), cfg.key)
+
+
+def carried(study: ResolvedStudy, cfg: Config, seed: int, length: int, kept: Path | None = None) -> checkpoints.Carry | None:
+    """How a run of `length` meets the other runs of (`cfg`, `seed`) under wsd (explorer.checkpoints.Carry), its
+    states in `kept` (default: beside the trials' checkpoints); None for one length, a cosine schedule, or a
+    task that trains itself."""
+    budget = study.spec.budget
+    if budget.lr_schedule != "wsd" or len(budget.ladder) == 1 or study.task.trains_itself:
+        return None
+    return checkpoints.Carry(kept or checkpoints.kept(study.checkpoint_root, cfg.key, seed), length, budget.longest)
 
 
 def _noting(on_epoch: Callable[[int, dict[str, float]], None] | None,

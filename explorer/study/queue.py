@@ -16,6 +16,7 @@ import threading
 import warnings
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,7 +26,7 @@ from explorer import checkpoints
 from explorer.frame import trials_frame
 from explorer.identity import current_rows, current_trials, per_trial
 from explorer.optuna_compat import storage_of, trial_storage_id
-from explorer.rows import split_row
+from explorer.rows import row_key, split_row
 from explorer.pruning import come_back
 from explorer.replicates import wanted
 from explorer.study.read import Reads, counts, is_measured, runs_regardless
@@ -42,6 +43,20 @@ _WAITING, _RUNNING, _FAIL = optuna.trial.TrialState.WAITING, optuna.trial.TrialS
 _COMPLETE = optuna.trial.TrialState.COMPLETE
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
 _KEPT = ("seed", "epochs", "replicate", "verify", "retry_of_failed", "came_back", "alone")  # what a retry keeps: its run, why it runs, where
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the study's workers may start (`startable`)."""
+
+    now: list[optuna.trial.FrozenTrial]  # queued trials that may start now, in queue order
+    held: list[optuna.trial.FrozenTrial]  # queued trials waiting for another run of their (configuration, seed) to end
+    sampler: int  # new configurations the sampler may still start
+
+    def ready(self) -> int:
+        """Runs a free worker would start without a new round: queued ones and the sampler's (not the held:
+        they wait for a worker that is busy with their (configuration, seed))."""
+        return len(self.now) + self.sampler
 
 
 def arch(t: optuna.trial.FrozenTrial) -> Any:
@@ -61,6 +76,7 @@ class Queue:
     def __init__(self, study: ResolvedStudy, store: Store, reads: Reads, evaluator: Callable[[], Evaluator]):
         self.study, self.store, self.reads, self._evaluator = study, store, reads, evaluator
         self.evidence: frozenset[int] | None = None  # the finished trials the replicate policy last read
+        self.offered = 0  # the free slots it was offered then
         self._reading = threading.Lock()  # one reading of the policy at a time in this process: a second waits for its runs
 
     def claim(self, ostudy: optuna.Study) -> tuple[optuna.Trial, Config] | None:
@@ -68,22 +84,15 @@ class Queue:
 
         Under the study's lock, the count of what is left and the start are one step for every worker:
         never more than `n_trials` configurations, never one (configuration, seed) twice. Queued trials
-        go first, in queue order: those that run regardless of `n_trials`, those whose (configuration,
-        seed) is complete already (answered from storage, so that no stray copy stays queued for ever),
-        and as many others as `n_trials` still admits; then a new proposal, unless the study is a grid
-        (its queue is all it runs).
+        go first, in queue order (`startable`); then a new proposal while `n_trials` admits one (never for
+        a grid: its queue is all it runs).
         """
         with self.store.lock():
             trials = current_trials(ostudy)
-            slots = self.to_start(ostudy, trials)
-            waiting = sorted((t for t in trials if t.state == _WAITING), key=lambda t: t.number)
-            done = self.reads.completed(ostudy).keys()
-            free = {t.number for t in waiting if runs_regardless(t) or run(self.study, t) in done}
-            admitted = {t.number for t in [t for t in waiting if t.number not in free][:max(0, slots)]}
-            eligible = [t for t in waiting if t.number in free or t.number in admitted]
-            trial = next(filter(None, (pop(ostudy, t) for t in eligible)), None)
+            plan = startable(self, ostudy, trials)
+            trial = next(filter(None, (pop(ostudy, t) for t in plan.now)), None)
             if trial is None:
-                if waiting or slots <= 0 or self.study.spec.sampler.name == "grid":
+                if plan.sampler <= 0:
                     return None
                 with warnings.catch_warnings(action="ignore", category=UserWarning):  # "heartbeat ... with optimize": we beat ourselves
                     trial = ostudy.ask()
@@ -178,23 +187,31 @@ class Queue:
                     retried.append(key[0])
             return retried
 
-    def replicates(self, ostudy: optuna.Study) -> list[tuple[str, int]]:
-        """Queue the replicates the policy wants now (explorer.replicates); returns (configuration, seed) pairs.
+    def replicates(self, ostudy: optuna.Study, free: int = 1) -> list[tuple[str, int]]:
+        """Queue the runs the replicate policy wants now (explorer.replicates); returns (configuration, seed) pairs.
 
-        A seed is taken once any trial of it is stored (a dead one is queued again by `requeue_dead`, or
-        given up). `fixed` queues every missing seed of each measured configuration; `adaptive` and
-        `decide` one more run per configuration they want once nothing is queued and the sampler has
-        nothing left to start, skipping configurations in flight: with many workers rounds overlap (as
-        ASHA's promotions do). The policy reads each new set of results once, outside the study's lock.
+        `free`: this worker's idle slots (threads of a local run, Ray's trials below `max_concurrent`). A
+        round is due while some of them would find nothing to start (`startable`) and the policy has
+        something new to read: results, or more free slots than it was offered. `decide` then hands out up
+        to that many runs at once (`batch`), knowing the runs in flight (`pending`); a row may come back
+        several times, each a distinct seed. `adaptive` gives one more run to each configuration it wants
+        that is not in flight; `fixed` queues every missing seed. Each run's seed is the one
+        `Budget.continues` names (under wsd the seed whose run is longest: the new run continues it), and
+        a (configuration, seed, length) is queued once. The policy reads outside the study's lock.
         """
         with self._reading:
             with self.store.lock():
                 self.requeue_dead(ostudy)
-                _bring_back_pruned(self.study, ostudy)
-                more = len(self.study.seeds) > 1 or len(self.study.spec.budget.ladder) > 1  # more seeds, or longer runs
-                if not more or not _round_due(self, ostudy):
+                _bring_back_pruned(self, ostudy)
+                if len(self.study.seeds) == 1 and len(self.study.spec.budget.ladder) == 1:
+                    return []  # no more seeds, no longer runs
+                trials = current_trials(ostudy)
+                plan = startable(self, ostudy, trials)
+                batch = _round_due(self, trials, plan, free)
+                if batch is None:
                     return []
-            return _read_policy(self, ostudy)
+                pending = _pending(self.study, trials, plan)
+            return _read_policy(self, ostudy, batch, pending)
 
     def verification(self, ostudy: optuna.Study, keys: list[str]) -> list[str]:
         """Queue configurations `recommend --verify` asks for; they run even once `n_trials` is reached.
@@ -236,13 +253,9 @@ class Queue:
         return self.to_measure(ostudy, trials) + extra
 
     def unstarted(self, ostudy: optuna.Study) -> int:
-        """Trials no worker has started yet: `remaining` less the configurations being measured now,
-        and for a grid no more than its queue (what a worker asking now would get)."""
-        trials = current_trials(ostudy)
-        waiting = [t for t in trials if t.state == _WAITING]
-        extra = sum(runs_regardless(t) for t in waiting)
-        left = max(0, self.to_start(ostudy, trials)) + extra
-        return min(left, len(waiting)) if self.study.spec.sampler.name == "grid" else left
+        """Trials no worker has started yet: what `startable` says will start (for a grid no more than its queue)."""
+        plan = startable(self, ostudy, current_trials(ostudy))
+        return len(plan.now) + len(plan.held) + plan.sampler
 
     def to_start(self, ostudy: optuna.Study, trials: list[optuna.trial.FrozenTrial]) -> int:
         """Configurations the sampler may still start: `to_measure` less those whose first run is in flight."""
@@ -253,6 +266,26 @@ class Queue:
         counted = [key for key in per_trial(ostudy, trials, "counted", _counted) if key is not _UNCOUNTED]
         unmeasured = len(self.study.configs.keys() - set(counted))
         return 0 if self.stalled(ostudy) else min(max(0, self.study.spec.n_trials - len(counted)), unmeasured)
+
+
+def startable(queue: Queue, ostudy: optuna.Study, trials: list[optuna.trial.FrozenTrial]) -> Plan:
+    """What workers may start: the queued trials that may start now, in queue order (those that run
+    regardless of `n_trials`, those whose run is complete already (answered from storage, so that no
+    stray copy stays queued for ever), and as many others as `n_trials` still admits), those held
+    until another run of their (configuration, seed) ends (under wsd the longer run continues from
+    the shorter one's state: explorer.train), and how many new proposals the sampler may still start.
+    A grid's queued trials past `n_trials` are in none of them: they never start."""
+    slots = queue.to_start(ostudy, trials)
+    waiting = sorted((t for t in trials if t.state == _WAITING), key=lambda t: t.number)
+    done = queue.reads.completed(ostudy).keys()
+    free = {t.number for t in waiting if runs_regardless(t) or run(queue.study, t) in done}
+    admitted = {t.number for t in [t for t in waiting if t.number not in free][:max(0, slots)]}
+    going = [t for t in waiting if t.number in free or t.number in admitted]
+    training = {(arch(t), queue.study.seed_of(t)) for t in trials if t.state == _RUNNING} \
+        if queue.study.spec.budget.lr_schedule == "wsd" else set()
+    now = [t for t in going if (arch(t), queue.study.seed_of(t)) not in training]
+    sampler = 0 if queue.study.spec.sampler.name == "grid" else max(0, slots) - len(admitted)
+    return Plan(now, [t for t in going if t not in now], sampler)
 
 
 _UNCOUNTED = object()
@@ -268,15 +301,17 @@ def enqueue(study: ResolvedStudy, ostudy: optuna.Study, params: dict[str, Any], 
     ostudy.enqueue_trial(params, user_attrs={"identity": study.identity_key, "queued_by": WORKER, **attrs})
 
 
-def _bring_back_pruned(study: ResolvedStudy, ostudy: optuna.Study) -> list[str]:
+def _bring_back_pruned(queue: Queue, ostudy: optuna.Study) -> list[str]:
     """Queue once more each pruned, never completed configuration that the pruner would no longer stop
     given the complete trials stored now (explorer.pruning.come_back): a pruned configuration is not
     buried for good when the evidence against it weakens. Each comes back once."""
+    study = queue.study
     if study.spec.pruner.name != "dominated":
         return []
     trials = current_trials(ostudy)
-    if any(t.state in (_WAITING, _RUNNING) for t in trials):
-        return []  # in between rounds only, when the evidence is what it will be
+    plan = startable(queue, ostudy, trials)
+    if any(t.state == _RUNNING for t in trials) or plan.now or plan.held:
+        return []  # in between rounds only, when the evidence is what it will be (a grid's trials past n_trials never run)
     back = {arch(t) for t in trials if "came_back" in t.user_attrs}
     keys = [k for k in come_back(study.pruner, current_rows(trials_frame(ostudy), ostudy)) if k not in back]
     for key in keys:
@@ -284,23 +319,43 @@ def _bring_back_pruned(study: ResolvedStudy, ostudy: optuna.Study) -> list[str]:
     return keys
 
 
-def _round_due(queue: Queue, ostudy: optuna.Study) -> bool:
-    """Whether the replicate policy has something new to read: for `adaptive` and `decide`, nothing queued
-    and no configuration left for the sampler to start; for every policy, results it has not read yet."""
-    trials = current_trials(ostudy)
-    if queue.study.spec.replicates.policy != "fixed" and (any(t.state == _WAITING for t in trials) or queue.to_start(ostudy, trials) > 0):
-        return False
+def _round_due(queue: Queue, trials: list[optuna.trial.FrozenTrial], plan: Plan, free: int) -> int | None:
+    """How many runs a round may hand out now, or None when none is due. `fixed` reads each new set of
+    results once and queues whatever it wants; `adaptive` and `decide` read when some of the `free`
+    slots would find nothing to start and there are results they have not read, or more free slots than
+    their last reading was offered (what it wanted then is queued, or in flight until a result comes)."""
     evidence = frozenset(t.number for t in trials if t.state.is_finished())
-    if evidence == queue.evidence:  # read already; what it wanted then is queued, or in flight until a result comes
-        return False
-    queue.evidence = evidence
-    return True
+    if queue.study.spec.replicates.policy == "fixed":
+        if evidence == queue.evidence:
+            return None
+        queue.evidence = evidence
+        return max(free, 1)
+    batch = free - plan.ready()
+    if batch <= 0 or (evidence == queue.evidence and free <= queue.offered):
+        return None
+    queue.evidence, queue.offered = evidence, free
+    return batch
 
 
-def _read_policy(queue: Queue, ostudy: optuna.Study) -> list[tuple[str, int]]:
+def _pending(study: ResolvedStudy, trials: list[optuna.trial.FrozenTrial], plan: Plan) -> dict[str, int]:
+    """Runs in flight per row (running, or queued to run): under wsd a run counts at each rung it will
+    measure; a grid's queued trials past `n_trials`, which never run, do not count."""
+    ladder = study.spec.budget.ladder
+    out: Counter[str] = Counter()
+    for t in [t for t in trials if t.state == _RUNNING] + plan.now + plan.held:
+        key, _, length = run(study, t)
+        if len(ladder) == 1:
+            out[key] += 1
+            continue
+        for rung in [r for r in ladder if r <= length] if study.spec.budget.lr_schedule == "wsd" else [length]:
+            out[row_key(key, rung)] += 1
+    return dict(out)
+
+
+def _read_policy(queue: Queue, ostudy: optuna.Study, batch: int, pending: dict[str, int]) -> list[tuple[str, int]]:
     """The policy's reading (outside the study's lock: other workers claim meanwhile), queued under it."""
     try:
-        rows = _wanted_rows(queue, ostudy)
+        rows = _wanted_rows(queue, ostudy, batch, pending)
     except BaseException:
         queue.evidence = None  # read again by the next call
         raise
@@ -308,8 +363,9 @@ def _read_policy(queue: Queue, ostudy: optuna.Study) -> list[tuple[str, int]]:
         return _queue_rows(queue, ostudy, rows)
 
 
-def _wanted_rows(queue: Queue, ostudy: optuna.Study) -> list[str]:
-    """The rows (configurations, or a configuration at a length) the policy wants one more run of."""
+def _wanted_rows(queue: Queue, ostudy: optuna.Study, batch: int | None = None, pending: dict[str, int] | None = None) -> list[str]:
+    """The rows (configurations, or a configuration at a length) the policy wants one more run of; `decide`
+    at most `batch` of them, knowing the `pending` runs in flight."""
     study = queue.study
     if study.spec.replicates.policy == "fixed" and len(study.spec.budget.ladder) == 1:
         # every measured configuration short of the seeds, in the summary's order (parameters, then key): no posterior to fit
@@ -319,34 +375,35 @@ def _wanted_rows(queue: Queue, ostudy: optuna.Study) -> list[str]:
         return sorted((k for k, n in seeds.items() if n < len(study.seeds)), key=lambda k: (params[k], k))
     summary = queue.reads.summary(ostudy, draws=None if study.spec.replicates.policy == "adaptive" else 0)
     return wanted(summary, len(study.seeds), study.spec.replicates, budgets=study.budgets(), decision=study.spec.decision,
-                  baseline=study.space.baseline.key if study.space.baseline is not None else None)
+                  baseline=study.space.baseline.key if study.space.baseline is not None else None, batch=batch, pending=pending)
 
 
 def _queue_rows(queue: Queue, ostudy: optuna.Study, rows: list[str]) -> list[tuple[str, int]]:
-    """Queue the policy's `rows` against the storage as it is now (under the lock): only seeds no trial has
-    taken, and for `adaptive` and `decide` one run per configuration not already in flight (queued or
-    running: its own result, or another worker's round, comes first)."""
+    """Queue the policy's `rows` against the storage as it is now (under the lock): a run per row, at the seed
+    `Budget.continues` names among the runs stored, queued or running (never a (configuration, seed,
+    length) twice); `fixed` every seed a row lacks, `adaptive` one run per configuration not in flight."""
     study = queue.study
     trials = current_trials(ostudy)
-    adaptive = study.spec.replicates.policy != "fixed"
-    in_flight = {arch(t) for t in trials if t.state in (_WAITING, _RUNNING)} if adaptive else set()
-    budget = study.spec.budget
-    taken: dict[tuple[str, int], set[int]] = {}  # (configuration, length): seeds with a run that measures it
+    policy, budget = study.spec.replicates.policy, study.spec.budget
+    in_flight = {arch(t) for t in trials if t.state in (_WAITING, _RUNNING)} if policy == "adaptive" else set()
+    lengths: dict[str, dict[int, set[int]]] = {}  # configuration -> seed -> the lengths its runs train
     for t in trials:
         key, seed, length = run(study, t)
-        for rung in [r for r in budget.ladder if r <= length] if budget.lr_schedule == "wsd" else [length]:
-            taken.setdefault((key, rung), set()).add(seed)
+        lengths.setdefault(key, {}).setdefault(seed, set()).add(length)
     queued = []
     for row in rows:
         key, length = split_row(row)
         if key in in_flight:
             continue
         length = length or study.entry_epochs
-        missing = [s for s in study.seeds if s not in taken.get((key, length), set())]
-        for seed in missing[:1] if adaptive else missing:
-            enqueue(study, ostudy, {"arch": key}, seed=seed, replicate=True,
-                    **({"epochs": length} if len(budget.ladder) > 1 else {}))
+        runs = lengths.setdefault(key, {})
+        while (pick := budget.continues(length, runs, study.seeds)) is not None:
+            seed = pick[0]
+            enqueue(study, ostudy, {"arch": key}, seed=seed, replicate=True, **({"epochs": length} if len(budget.ladder) > 1 else {}))
+            runs.setdefault(seed, set()).add(length)
             queued.append((key, seed))
+            if policy != "fixed":
+                break
     return queued
 
 

@@ -119,16 +119,19 @@ class Reads:
         """A stored trial's run: (configuration, seed, length)."""
         return t.params.get("arch"), self.study.seed_of(t), self.study.length_of(t)
 
-    def summary(self, ostudy: optuna.Study, draws: int | None = None, epochs: int | None = None) -> pd.DataFrame:
+    def summary(self, ostudy: optuna.Study, draws: int | None = None, epochs: int | None = None,
+                frame: pd.DataFrame | None = None) -> pd.DataFrame:
         """Per-configuration statistics of the stored measurements (explorer.stats.summarize), with the
         posterior of every configuration of the space (the unmeasured ones predicted) in its attrs; at
-        `epochs` (default the study's target length) where the study trains several lengths."""
+        `epochs` (default the study's target length) where the study trains several lengths. `frame`: the
+        current trials' rows to read (default all; bench/cluster.py reads those stored by a time)."""
         study = self.study
         objectives = [(o.name, o.direction) for o in study.objectives]
         kwargs = {} if draws is None else {"draws": draws}
         candidates = [(c.key, c.dims, c.params) for c in study.configs.values()]
         budget = study.spec.budget
-        return summarize(current_rows(trials_frame(ostudy), ostudy), study.task.metric, objectives,
+        rows = current_rows(trials_frame(ostudy), ostudy) if frame is None else frame
+        return summarize(rows, study.task.metric, objectives,
                          first_seed=study.seeds[0], candidates=candidates, epochs=epochs or study.target_epochs,
                          lengths=budget.ladder, budget=budget, seeds=study.seeds, **kwargs)
 
