@@ -53,8 +53,13 @@ def fault_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(fault_dir: Path) -> Iterator[Cluster]:
-    """A head and a worker node, one CPU each: trials run on both. Its workers import tests/faulty.py."""
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    """A head and a worker node, one CPU each: trials run on both. Its workers import tests/faulty.py.
+
+    Its workers run at the tests' priority: Ray starts them at niceness 15 by default, so that each CPU-bound
+    process beside the suite takes some 28/29 of a core from them (issue 44: beside three such processes a
+    worker's start and torch import took 40 to 92 s, 10 to 12 s at niceness 0; beside two, the Tuner.restore
+    test took 424 s, 117 s at niceness 0, run one after the other on a machine that others loaded too)."""
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False, "_system_config": {"worker_niceness": 0}})
     c.add_node(num_cpus=1)
     env = {"PYTHONPATH": str(Path(__file__).resolve().parent), "EXPLORER_TEST_FAULT_DIR": str(fault_dir)}
     ray.init(address=c.address, logging_level="WARNING", runtime_env={"env_vars": env})
