@@ -168,9 +168,10 @@ def test_another_workers_changes_show_at_the_next_lock_and_a_reclaimed_trial_is_
     cfg = study.configs[first["arch"]]
     attrs = study.evaluator.evaluate(cfg, first["lineage"], None, "cpu", seed=first["seed"])
     bridge.on_trial_result("b", {"epoch": 1, "accuracy": 0.25})
+    bridge.on_trial_result("a", {"epoch": 1, "accuracy": 0.5, "iterations_since_restore": 1})  # its run's count: stored at once
     bridge.on_trial_complete("a", {"attrs": json.dumps(attrs)})
     after = outside.get_trials()[number]
-    assert after.state == FAIL and "accuracy" not in after.user_attrs
+    assert after.state == FAIL and "accuracy" not in after.user_attrs and "attempts" not in after.user_attrs
     storage_of(link.open()[1]).flush()  # the others' kept writes still go
     assert outside.get_trials()[second["optuna_number"]].user_attrs["curve"] == [0.25]
     link.release()

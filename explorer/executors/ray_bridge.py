@@ -153,7 +153,7 @@ class _Link:
         """A run of the open trial `number` trains on a Ray worker (its first report): counted in the trial's
         `attempts`, stored at once, so that a driver restored after this one's death counts on from there."""
         self.training.add(number)
-        self._record(number, "attempts", lambda attempts: (attempts or 0) + 1)
+        self._store(number, "attempts", lambda attempts: (attempts or 0) + 1)
 
     def failed(self, number: int, cause: str) -> None:
         """A run of the open trial `number` failed on its Ray worker. One that had trained is a failed attempt
@@ -163,22 +163,19 @@ class _Link:
         self.causes[number] = cause = self.reported.pop(number, None) or cause
         if number in self.training:
             self.training.discard(number)
-            self._record(number, "faults", lambda faults: [*(faults or []), cause])
+            self._store(number, "faults", lambda faults: [*(faults or []), cause])
 
-    def _record(self, number: int, key: str, change: Any) -> None:
-        trial_id = self.open_trials.get(number)
-        if trial_id is None:
+    def _store(self, number: int, key: str, change: Any) -> None:
+        """Change a user attribute of the open trial `number` and store it now (one transaction)."""
+        if number not in self.open_trials:
             return
-        _, ostudy = self.open()
-        storage = storage_of(ostudy)
-        if stored_state(storage, trial_id) in _FINISHED:  # ended meanwhile (another worker failed it as dead)
-            return
+        storage, trial_id = storage_of(self.open()[1]), self.open_trials[number]
         try:
             storage.set_trial_user_attr(trial_id, key, change(storage.get_trial(trial_id).user_attrs.get(key)))
             if hasattr(storage, "flush"):
                 storage.flush([trial_id])
         except optuna.exceptions.UpdateFinishedTrialError:
-            pass  # ended just now by another worker: nothing of it is this driver's to record
+            pass  # ended meanwhile by another worker (failed as dead): nothing of it is this driver's to record
 
     def release(self) -> bool:
         """After the Tuner stops: fail the trials still open, saying why, and queue their configurations.
