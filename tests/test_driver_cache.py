@@ -8,11 +8,13 @@ trained twice. On SQLite, and on PostgreSQL where a server can be started (as te
 from __future__ import annotations
 
 import json
+import pickle
 import sys
 import threading
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import optuna
@@ -24,7 +26,11 @@ ray = pytest.importorskip("ray")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # bench.standin: the stand-in task
 
+from ray import cloudpickle  # noqa: E402
+from ray.exceptions import ActorDiedError, RayTaskError  # noqa: E402
+
 from explorer.executors.ray_bridge import OptunaBridge, _Link  # noqa: E402
+from explorer.executors.ray_tune import scheduler  # noqa: E402
 from explorer.optuna_compat import storage_of  # noqa: E402
 from explorer.study import load_study_spec  # noqa: E402
 from explorer.study import storage as storage_module  # noqa: E402
@@ -162,9 +168,10 @@ def test_another_workers_changes_show_at_the_next_lock_and_a_reclaimed_trial_is_
     cfg = study.configs[first["arch"]]
     attrs = study.evaluator.evaluate(cfg, first["lineage"], None, "cpu", seed=first["seed"])
     bridge.on_trial_result("b", {"epoch": 1, "accuracy": 0.25})
+    bridge.on_trial_result("a", {"epoch": 1, "accuracy": 0.5, "iterations_since_restore": 1})  # its run's count: stored at once
     bridge.on_trial_complete("a", {"attrs": json.dumps(attrs)})
     after = outside.get_trials()[number]
-    assert after.state == FAIL and "accuracy" not in after.user_attrs
+    assert after.state == FAIL and "accuracy" not in after.user_attrs and "attempts" not in after.user_attrs
     storage_of(link.open()[1]).flush()  # the others' kept writes still go
     assert outside.get_trials()[second["optuna_number"]].user_attrs["curve"] == [0.25]
     link.release()
@@ -229,7 +236,7 @@ def test_a_restored_driver_leaves_a_trial_that_ended_after_its_snapshot_as_store
     link._beating.set()  # the driver dies
     before = stored(path)
 
-    restored = OptunaBridge(link)
+    restored = OptunaBridge(pickle.loads(pickle.dumps(_Link(study))))  # as tuner.pkl holds it
     restored.restore(str(tmp_path / "searcher.pkl"))
     restored.on_trial_result("a", {"epoch": 1, "accuracy": 0.125})  # Tune's rerun of "a"
     restored.on_trial_complete("a", {"attrs": json.dumps({**attrs, "accuracy": 0.125, "curve": [0.125, 0.125]})})
@@ -238,3 +245,88 @@ def test_a_restored_driver_leaves_a_trial_that_ended_after_its_snapshot_as_store
     nxt = restored.suggest("b")  # and the study goes on
     assert isinstance(nxt, dict) and nxt["optuna_number"] != config["optuna_number"]
     restored.link.release()
+
+
+def tuner_of(study) -> tuple[OptunaBridge, Any]:
+    """The searcher and scheduler as `make_tuner` builds them (one link) and `Tuner.restore` reads them back from
+    tuner.pkl (pickled together at the Tuner's start: they still share one link)."""
+    link = _Link(study)
+    return pickle.loads(pickle.dumps((OptunaBridge(link), scheduler(link))))
+
+
+def failed_run(folder: Path, config: dict, err: BaseException) -> SimpleNamespace:
+    """A Tune trial whose run just failed with `err`, as Tune hands it to its scheduler: the error saved beside it."""
+    path = folder / f"error-{id(err)}.pkl"
+    path.write_bytes(cloudpickle.dumps(err))
+    return SimpleNamespace(config=config, pickled_error_file=str(path))
+
+
+def in_task(cause: BaseException) -> RayTaskError:
+    return RayTaskError("train", "Traceback (most recent call last): ...", cause, proctitle="ray::ImplicitFunc.train", pid=1, ip="127.0.0.1")
+
+
+GONE = "Could not recover from checkpoint as it does not exist on storage anymore. Got storage fs type `local` and path: x"
+
+
+def test_a_restored_trial_whose_runs_fail_before_training_is_queued_again_with_its_attempts_counted(tmp_path: Path) -> None:
+    """Issue 44. The driver dies while a trial trains; the restored Tuner's runs of it all fail before training (its
+    snapshot named a Ray checkpoint that Ray deleted before writing the next), and Tune ends it with an error after
+    max_failures + 1 runs by its count. Before, that stored `gave up after 3 attempts ... its worker or node was lost`
+    and the configuration was lost. Its one attempt, the run the driver's death cut, is stored: a fault, queued again."""
+    path = study_at(tmp_path, lambda: None, replicates={"policy": "fixed"}, budget={"epochs": 2, "seeds": 1})
+    study = load_study_spec(path)
+    study.open()  # created, as `explorer run` does before its Tuner starts
+    bridge, tune_scheduler = tuner_of(study)
+    config = bridge.suggest("a")
+    bridge.on_trial_result("a", {"epoch": 1, "accuracy": 0.5, "iterations_since_restore": 1})
+    bridge.save(str(tmp_path / "searcher.pkl"))
+    bridge.link._beating.set()  # the driver dies
+
+    bridge, tune_scheduler = tuner_of(study)
+    bridge.restore(str(tmp_path / "searcher.pkl"))
+    for _ in range(3):  # executor.max_failures (2) + 1 runs, each failing to restore the checkpoint
+        tune_scheduler.on_trial_error(None, failed_run(tmp_path, config, in_task(ValueError(GONE))))
+    bridge.on_trial_complete("a", error=True)
+    trial = load_study_spec(path).read().trials[config["optuna_number"]]
+    assert trial.state == FAIL and "fail_reason" not in trial.user_attrs, trial.user_attrs
+    assert trial.user_attrs["fault"] == f"ValueError: {GONE}" and trial.user_attrs["attempts"] == 1
+    assert "faults" not in trial.user_attrs  # no run failed in training
+
+    assert tune_scheduler.link is bridge.link  # it recorded on the restored searcher's open trials
+    retry = bridge.suggest("b")  # queued again, before any other configuration
+    assert retry["arch"] == config["arch"] and retry["optuna_number"] != config["optuna_number"]
+    attrs = study.evaluator.evaluate(study.configs[retry["arch"]], retry["lineage"], None, "cpu", seed=retry["seed"])
+    bridge.on_trial_result("b", {"epoch": 1, "accuracy": attrs["curve"][0], "iterations_since_restore": 1})
+    bridge.on_trial_complete("b", {"attrs": json.dumps(attrs)})
+    done = load_study_spec(path).read().trials[retry["optuna_number"]]
+    assert done.state == COMPLETE and done.user_attrs["attempts"] == 1 and done.user_attrs["retry_of"] == config["lineage"]
+    bridge.link.release()
+
+
+def test_a_trial_that_fails_in_training_on_every_run_gives_up_with_the_real_count_and_cause_across_a_restore(tmp_path: Path) -> None:
+    """Its failed attempts are stored as they happen, so a restored driver counts on from the dead one's; the reason
+    says how many runs failed in training and the last one's cause (before: `max_failures + 1`, and a guessed cause)."""
+    path = study_at(tmp_path, lambda: None, replicates={"policy": "fixed"}, budget={"epochs": 2, "seeds": 1})
+    study = load_study_spec(path)
+    study.open()  # created, as `explorer run` does before its Tuner starts
+    bridge, tune_scheduler = tuner_of(study)
+    config = bridge.suggest("a")
+    bridge.on_trial_result("a", {"epoch": 1, "accuracy": 0.5, "iterations_since_restore": 1})
+    tune_scheduler.on_trial_error(None, failed_run(tmp_path, config, ActorDiedError()))  # its worker died: Tune retries it
+    bridge.on_trial_result("a", {"epoch": 1, "accuracy": 0.5, "iterations_since_restore": 1})
+    bridge.save(str(tmp_path / "searcher.pkl"))
+    bridge.link._beating.set()  # the driver dies while the second run trains: no failure of the trial
+
+    bridge, tune_scheduler = tuner_of(study)
+    bridge.restore(str(tmp_path / "searcher.pkl"))
+    for cause in ("boom", "boom again"):
+        bridge.on_trial_result("a", {"epoch": 2, "accuracy": 0.5, "iterations_since_restore": 1})
+        tune_scheduler.on_trial_error(None, failed_run(tmp_path, config, in_task(RuntimeError(f"{cause}\nmore lines"))))
+    bridge.on_trial_complete("a", error=True)
+    trial = load_study_spec(path).read().trials[config["optuna_number"]]
+    assert trial.state == FAIL and trial.user_attrs["attempts"] == 4
+    assert trial.user_attrs["faults"] == ["its worker was lost (ActorDiedError: The actor died unexpectedly before finishing this task.)",
+                                          "RuntimeError: boom", "RuntimeError: boom again"]
+    assert trial.user_attrs["fail_reason"] == ("gave up after 3 failed attempts on fresh Ray workers (executor.max_failures: 2); "
+                                               "the last: RuntimeError: boom again")
+    bridge.link.release()

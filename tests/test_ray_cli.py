@@ -50,7 +50,9 @@ def env(tmp_path: Path) -> dict[str, str]:
             "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
             # the head's health checks every 1 s, not 3 s: a stopped node is declared dead after 5 failed checks,
             # about 5 s rather than 15 (a live node still has each check's 10 s timeout to answer, as by default)
-            "RAY_health_check_period_ms": "1000"}
+            "RAY_health_check_period_ms": "1000",
+            # its workers at the tests' priority, not Ray's niceness 15 (tests/test_ray.py's cluster says why)
+            "RAY_worker_niceness": "0"}
 
 
 def ray_node(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:

@@ -7,8 +7,10 @@
   first, duplicates of finished configurations answered from storage), `on_trial_result` stores the
   per-epoch curve, `on_trial_complete` tells Optuna (values and the same user attributes as `local`; a
   fault is recorded, retried and never measured: explorer.faults).
-- `BinnedScheduler`, a Ray `TrialScheduler`: explorer's parameter-binned pruner (median or successive
-  halving, i.e. ASHA's rule) against every trial in storage, whichever executor or run made it.
+- `FaultScheduler`, a Ray `TrialScheduler`: Tune's first-in-first-out order, recording in storage each run
+  of a trial that failed on its worker, and why (Tune tells a scheduler of every failed run, a searcher of
+  none); `BinnedScheduler` adds explorer's parameter-binned pruner (median or successive halving, i.e.
+  ASHA's rule) against every trial in storage, whichever executor or run made it.
 
 Tune calls all of them on its one driver thread between every trial's events, so their work per call
 is kept independent of how many trials the study stores: what runs is kept in memory (`running`), and a
@@ -25,6 +27,8 @@ import time
 from typing import Any
 
 import optuna
+from ray import cloudpickle
+from ray.exceptions import RayTaskError
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from ray.tune.search import Searcher
@@ -56,6 +60,9 @@ class _Link:
         self.metric = study.task.metric
         self.execution = study.evaluator.execution  # the run's class, stamped on each trial at ask (a restored driver too)
         self.open_trials: dict[int, int] = {}  # Optuna trial number -> storage trial id, while RUNNING here
+        # of the runs Tune starts, while this driver lives: the trials whose run reported (`attempted`), the fault a run
+        # reported before raising it, the cause of each trial's last failed run (`failed`)
+        self.training, self.reported, self.causes = set(), {}, {}
         self._study: Study | None = study
         self._ostudy = None if ostudy is None else study.store.own(ostudy)
         self.on_trial, self.on_epoch = on_trial, on_epoch
@@ -72,6 +79,7 @@ class _Link:
         self.execution = state.get("execution")
         self._study = self._ostudy = self.on_trial = self.on_epoch = self._beating = None
         self._wake, self.queued, self.policy_error, self.free = threading.Event(), threading.Event(), None, 1
+        self.training, self.reported, self.causes = set(), {}, {}
 
     def study(self) -> Study:
         """The study, rebuilt from its data once per process: Tune hands each trial a copy of the link, and a
@@ -143,6 +151,34 @@ class _Link:
         if self.on_trial is not None:  # the one trial, by its id: not a copy of every stored trial
             frozen = storage_of(ostudy).get_trial(trial_id) if trial_id is not None else ostudy.get_trials(deepcopy=False)[number]
             self.on_trial(ostudy, frozen)
+
+    def attempted(self, number: int) -> None:
+        """A run of the open trial `number` trains on a Ray worker (its first report): counted in the trial's
+        `attempts`, stored at once, so that a driver restored after this one's death counts on from there."""
+        self.training.add(number)
+        self._store(number, "attempts", lambda attempts: (attempts or 0) + 1)
+
+    def failed(self, number: int, cause: str) -> None:
+        """A run of the open trial `number` failed on its Ray worker. One that had trained is a failed attempt
+        (what `executor.max_failures` bounds): its cause is added to the trial's `faults`, stored at once. One
+        that failed before it trained (its worker lost at start, its Ray checkpoint not restored) is no attempt.
+        The run's own report of its fault (`reported`: a broken CUDA context, its node and process) says it best."""
+        self.causes[number] = cause = self.reported.pop(number, None) or cause
+        if number in self.training:
+            self.training.discard(number)
+            self._store(number, "faults", lambda faults: [*(faults or []), cause])
+
+    def _store(self, number: int, key: str, change: Any) -> None:
+        """Change a user attribute of the open trial `number` and store it now (one transaction)."""
+        if number not in self.open_trials:
+            return
+        storage, trial_id = storage_of(self.open()[1]), self.open_trials[number]
+        try:
+            storage.set_trial_user_attr(trial_id, key, change(storage.get_trial(trial_id).user_attrs.get(key)))
+            if hasattr(storage, "flush"):
+                storage.flush([trial_id])
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass  # ended meanwhile by another worker (failed as dead): nothing of it is this driver's to record
 
     def release(self) -> bool:
         """After the Tuner stops: fail the trials still open, saying why, and queue their configurations.
@@ -257,11 +293,10 @@ class OptunaBridge(Searcher):
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         number = self.ray_ids.get(trial_id)
-        if result.get("broken") and number in self.link.open_trials:  # the worker's CUDA context broke: Ray retries it
-            _, ostudy = self.link.open()
-            trial = optuna.Trial(ostudy, self.link.open_trials[number])
-            trial.set_user_attr("faults", [*storage_of(ostudy).get_trial(self.link.open_trials[number]).user_attrs.get("faults", []),
-                                           result["fault"]])
+        if result.get("iterations_since_restore") == 1:  # a run's first report (Tune counts iterations from each start)
+            self.link.attempted(number)
+        if result.get("broken") and number in self.link.open_trials:  # the worker's CUDA context broke: it raises, Ray retries it
+            self.link.reported[number] = result["fault"]
         self._record_epoch(trial_id, result)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
@@ -277,12 +312,8 @@ class OptunaBridge(Searcher):
             return
         trial = optuna.Trial(ostudy, storage_id)
         result = result or {}
-        if error:  # Ray retried it on fresh workers max_failures times: a fault each time, or a lost worker or node
-            tries = study.spec.executor.max_failures + 1
-            faults = storage_of(ostudy).get_trial(storage_id).user_attrs.get("faults") or ["its worker or node was lost"]
-            trial.set_user_attr("fault", faults[-1])
-            trial.set_user_attr("fail_reason", f"gave up after {tries} attempts on fresh Ray workers (executor.max_failures: "
-                                               f"{tries - 1}); the last: {faults[-1]}")
+        if error:  # Tune gave up after max_failures retries by its count: by the stored one, it may be a fault
+            self._gave_up(study, ostudy, trial, number, storage_id)
             self.link.tell(number, state=optuna.trial.TrialState.FAIL)
         elif "fault" in result:  # out of memory beside other trials on its GPU: queued again, alone
             study.evaluator.fault(ostudy, trial, Fault(result["fault"], alone=bool(result.get("alone"))))
@@ -299,6 +330,22 @@ class OptunaBridge(Searcher):
             self._record_epoch(number, result)
             self.link.tell(number, state=optuna.trial.TrialState.PRUNED)
         self.curves.pop(number, None)
+
+    def _gave_up(self, study: Study, ostudy: optuna.Study, trial: optuna.Trial, number: int, storage_id: int) -> None:
+        """Tune ended the trial with an error: by its count, its runs failed `executor.max_failures` + 1 times.
+        By the storage's (`faults`: the failed attempts, kept across a driver's death and `Tuner.restore`), a
+        trial that failed fewer times in training is a fault and is queued again: a restored Tuner's runs of
+        it can all fail before training (its snapshot named a Ray checkpoint that Ray deleted before the next
+        snapshot was written, and each retry fails to restore it). Otherwise it failed, saying so."""
+        faults = storage_of(ostudy).get_trial(storage_id).user_attrs.get("faults", [])
+        last = self.link.causes.pop(number, None) or (faults or ["its worker or node was lost"])[-1]
+        retries = study.spec.executor.max_failures
+        if len(faults) <= retries:
+            study.evaluator.fault(ostudy, trial, Fault(last))
+            return
+        trial.set_user_attr("fault", last)
+        trial.set_user_attr("fail_reason", f"gave up after {len(faults)} failed attempts on fresh Ray workers "
+                                           f"(executor.max_failures: {retries}); the last: {last}")
 
     def _record_epoch(self, trial: str | int, result: dict) -> None:
         number = self.ray_ids.get(trial) if isinstance(trial, str) else trial
@@ -323,7 +370,9 @@ class OptunaBridge(Searcher):
     def restore(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "rb") as f:
             state = pickle.load(f)
-        self.link, self.ray_ids, self.held, self.curves = state["link"], state["ray_ids"], state["held"], state["curves"]
+        # the snapshot's open trials, on this driver's link: the one Tune's scheduler holds too (both come from tuner.pkl)
+        self.link.open_trials = state["link"].open_trials
+        self.ray_ids, self.held, self.curves = state["ray_ids"], state["held"], state["curves"]
         study, ostudy = self.link.open()  # a restored Tuner: beat for the resumed trials at once, before they go stale
         self.running = state.get("running") or {  # a searcher saved before `running` was kept: from storage, once
             rid: (t.params["arch"], study.seed_of(t)) for rid, n in self.ray_ids.items()
@@ -337,16 +386,39 @@ class OptunaBridge(Searcher):
                 self.curves.pop(number, None)
 
 
-class BinnedScheduler(FIFOScheduler):
+class FaultScheduler(FIFOScheduler):
+    """Tune's first-in-first-out order, and each run of a trial that failed on its Ray worker recorded with its
+    cause (`_Link.failed`): Tune tells its scheduler of every failed run, before it retries the trial or ends
+    it with an error (telling the searcher only then, and without a cause)."""
+
+    def __init__(self, link: _Link):
+        super().__init__()
+        self.link = link
+
+    def on_trial_error(self, tune_controller: Any, trial: Trial) -> None:
+        self.link.failed(trial.config["optuna_number"], _cause(trial))
+
+
+def _cause(trial: Trial) -> str:
+    """Why a trial's last run failed, in one line, from the error Tune saved for it on this driver: the trial
+    function's exception (its type and first line), or what Ray says of a lost worker."""
+    try:
+        with open(trial.pickled_error_file, "rb") as f:
+            err = cloudpickle.load(f)
+    except Exception:  # noqa: BLE001  none saved (an error of Tune's own), or unreadable here
+        return "its worker or node was lost"
+    if isinstance(err, RayTaskError):
+        return f"{type(err.cause).__name__}: {(str(err.cause).strip().splitlines() or [''])[0]}"
+    said = [line.strip() for line in str(err).splitlines() if line.strip() and not line.startswith("\t")] or [""]
+    return f"its worker was lost ({type(err).__name__}: {'. '.join(said[-1].split('. ')[:3]).rstrip('.')}.)"  # why, not its advice
+
+
+class BinnedScheduler(FaultScheduler):
     """Stops a trial explorer's pruner stops (explorer.pruning.BinnedPruner, through Study.should_prune).
 
     The peers come from the Optuna storage, so the rungs hold every trial of the study, whichever
     executor or run trained it, and survive a restarted driver.
     """
-
-    def __init__(self, link: _Link):
-        super().__init__()
-        self.link = link
 
     def on_trial_result(self, tune_controller: Any, trial: Trial, result: dict) -> str:
         study, ostudy = self.link.open()

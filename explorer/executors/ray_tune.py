@@ -39,14 +39,14 @@ import pyarrow.fs as pafs
 import ray
 from ray import tune
 from ray.tune.execution.placement_groups import PlacementGroupFactory
-from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+from ray.tune.schedulers import TrialScheduler
 
 from explorer import checkpoints
 from explorer.checkpoints import CHECKPOINT
 from explorer.errors import ExplorerError, TrialFailed
 from explorer.executors.base import EpochCallback, Executor, TrialCallback
 from explorer.executors.devices import Execution, cluster_execution
-from explorer.executors.ray_bridge import BinnedScheduler, OptunaBridge, _Link
+from explorer.executors.ray_bridge import BinnedScheduler, FaultScheduler, OptunaBridge, _Link
 from explorer.faults import Fault
 from explorer.study import ExecutorSpec, Study
 from explorer.study.evaluate import carried
@@ -199,7 +199,7 @@ def resources(cpu: float, gpu: float, config: dict[str, Any]) -> PlacementGroupF
 
 
 def scheduler(link: _Link) -> TrialScheduler:
-    return FIFOScheduler() if link.study().spec.pruner.name == "none" else BinnedScheduler(link)
+    return FaultScheduler(link) if link.study().spec.pruner.name == "none" else BinnedScheduler(link)
 
 
 def kept_place(study: Study, key: str, seed: int) -> tuple[pafs.FileSystem, str]:
