@@ -335,7 +335,8 @@ def _nothing_within(budget: int, candidates: Sequence[Candidate], done: pd.DataF
 
 def for_study(study: Study, trials: pd.DataFrame, limit: int, list_ties: bool = False, epochs: int | None = None) -> Recommendation:
     """`recommend` for a study's current trials at its target length (or `epochs`): past the space among its
-    splits and those past its ranges (within SIZE_REACH of the largest measured), with the pruned
+    splits and those past its ranges (within SIZE_REACH of the largest measured, however large the budget: a
+    budget past the reach is no surer than one at it), with the pruned
     configurations within the budget, and what the reader must know besides (a refusal, runs still learning)."""
     base, budget = study.space.baseline, study.spec.budget
     target, ladder = epochs or study.target_epochs, budget.ladder
@@ -353,11 +354,10 @@ def for_study(study: Study, trials: pd.DataFrame, limit: int, list_ties: bool = 
     top = int(done["params"].max())
     space = [(c.key, c.dims, c.params) for c in study.space.configs()]
     notes, outside = [], []
-    if limit > max(p for _, _, p in space):
+    if limit > max(p for _, _, p in space):  # splits past the space fit the budget: the bound covers those within reach
         if limit > SIZE_REACH * top:
             notes.append(size_refusal(limit, top))
-        else:
-            outside = [(c.key, c.dims, c.params) for c in widened(study.space, limit)]
+        outside = [(c.key, c.dims, c.params) for c in widened(study.space, min(limit, int(SIZE_REACH * top)))]
     rec = recommend(trials, limit, base.key if base else None, study.task.metric, space, study.task.higher_is_better,
                     decision=study.spec.decision, list_ties=list_ties, first_seed=study.seeds[0], cap=study.seed_cap, epochs=target,
                     lengths=ladder, training=budget, seeds=study.seeds, outside=outside)

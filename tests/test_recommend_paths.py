@@ -21,9 +21,10 @@ def cli(*args: object) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_a_budget_past_the_measured_range_gets_one_answer_and_past_its_reach_a_refusal(tmp_path: Path) -> None:
-    """Past the space the one posterior answers (one "use" line); past SIZE_REACH it says how far and what to measure."""
+    """Past the space the one posterior answers (one "use" line); past SIZE_REACH it says how far and what to measure,
+    and its bound still counts the splits past the space within the reach (it once bounded the space alone there)."""
     space = {**TINY_SPACE, "free": {"layers": {"min": 1, "max": 3}, "heads": "divisors"}}
-    path = write_study(tmp_path, space_doc=space, budget=ONE_EPOCH, n_trials=9)
+    path = write_study(tmp_path, space_doc=space, budget={**ONE_EPOCH, "seeds": 2}, n_trials=9)  # 2 seeds: a bound
     assert cli("run", path, "--no-dashboard").returncode == 0
     sizes = yaml.safe_load(cli("params", tmp_path / "space.yaml", "--format", "json").stdout)
     largest = max(r["params"] for r in sizes)
@@ -33,6 +34,11 @@ def test_a_budget_past_the_measured_range_gets_one_answer_and_past_its_reach_a_r
     far = cli("recommend", path, "--budget", str(3 * largest))
     assert far.returncode == 0 and len(re.findall(r"(?m)^budget .*: use ", far.stdout)) == 1, far.stdout
     assert "3.0x the largest measured configuration" in far.stdout and "validated to 2x" in far.stdout, far.stdout
+    at_reach = cli("recommend", path, "--budget", str(2 * largest))
+    found = [re.search(r"within ([\d.]+) points?", out.stdout) for out in (at_reach, far)]
+    assert all(found), (at_reach.stdout, far.stdout)
+    bound = [float(f.group(1)) for f in found]
+    assert bound[1] >= bound[0], (at_reach.stdout, far.stdout)  # past the reach no surer than at it: the same splits fit
 
 
 def test_verify_at_a_longer_budget_trains_the_pick_and_its_rivals_in_a_study_of_their_own(tmp_path: Path) -> None:
