@@ -35,7 +35,7 @@ def answers(st: Any) -> Shown | None:
     post = st.summary.attrs["posterior"]
     delta = st.answers[0][1].delta
     unit, what = (100.0, "points") if st.higher_is_better else (1.0, st.metric)
-    at = f" at {st.epochs} epochs" if st.epochs is not None else ""
+    at = f" at {epochs_words(st.epochs)}" if st.epochs is not None else ""
     title = (f"Answers at the study's budgets{at}: use X ({split_header(st.free_dims)}), within ε {what} of the best "
              f"configuration within the budget (95%); decided when ε <= {margin(delta, unit, what, exact=True)}; ± half the 95% interval")
     frame = table(st.answers, post, st.metric, st.higher_is_better)
