@@ -168,6 +168,25 @@ def test_run_force_at_a_new_budget_measures_every_configuration_again_and_sets_t
     assert len(current) == 12 and current["curve"].map(len).eq(2).all()  # every read run is a 2-epoch run
 
 
+def test_run_force_with_a_space_whose_configurations_changed_refuses_in_one_line_and_keeps_the_trials(
+        tmp_path: Path, explorer_cli: Cli) -> None:
+    """A layer added to the space, then `run --force`: Optuna refuses a categorical parameter's new choices, which
+    came out as its traceback; now one line says what to do, and every stored trial stays."""
+    path = write_study(tmp_path, budget={"epochs": 1, "max_steps": 2, "batch_size": 128, "lr": 0.003, "seed": 0},
+                       n_trials=3)
+    assert explorer_cli("run", path, "--no-dashboard").returncode == 0
+    space = yaml.safe_load((tmp_path / "space.yaml").read_text())
+    space["free"]["layers"] = [1, 2, 3]
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    forced = explorer_cli("run", path, "--force", "--no-dashboard")
+    lines = forced.stderr.strip().splitlines()
+    assert forced.returncode == 1 and len(lines) == 1 and "Traceback" not in forced.stderr, forced.stderr
+    assert "choices of" in lines[0] and "`name:`" in lines[0], lines[0]
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'tiny.db'}")
+    trials = optuna.load_study(study_name="tiny", storage=storage).get_trials()
+    assert sum(t.state.name == "COMPLETE" for t in trials) == 3
+
+
 # -- issue 43: mistakes that deserve a better line ------------------------------------------------------------------
 QUICK = {"epochs": 1, "max_steps": 2, "batch_size": 64, "lr": 0.003, "seed": 0}
 STORAGE_FORMS = "write sqlite:///PATH, postgresql://USER:PASSWORD@HOST/DB, grpc://HOST:PORT or journal:PATH"

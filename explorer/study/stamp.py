@@ -86,6 +86,11 @@ def record_or_check(study: ResolvedStudy, ostudy: optuna.Study, force: bool, gri
     if changed_from:
         if not force:
             raise ExplorerError(changed_from, source=str(study.source))
+        clash = _new_choices(study, ostudy)
+        if clash:
+            raise ExplorerError(f"--force cannot continue this study: the new space changes the choices of "
+                                f"{', '.join(clash)}, which Optuna keeps for the life of a study; give this YAML its own "
+                                f"`name:` to start a study beside it (the stored trials stay)", source=str(study.source))
         if "legacy_identity" not in ostudy.user_attrs and any(
                 "identity" not in t.user_attrs and t.state.is_finished() for t in ostudy.get_trials(deepcopy=False)):
             # trials stored before trials recorded their identity answered the question asked until now
@@ -96,3 +101,13 @@ def record_or_check(study: ResolvedStudy, ostudy: optuna.Study, force: bool, gri
         ostudy.set_user_attr("spec", study.spec.model_dump(mode="json"))
         ostudy.set_metric_names([o.name for o in study.objectives])
         grid(ostudy)  # a forced new space: queue its configurations no trial has taken
+
+
+def _new_choices(study: ResolvedStudy, ostudy: optuna.Study) -> list[str]:
+    """The categorical parameters whose choices a forced new space changes (Optuna refuses to store them)."""
+    new = study.encoding().distributions
+    for trial in ostudy.get_trials(deepcopy=False):
+        if trial.distributions:
+            return [name for name, old in trial.distributions.items()
+                    if name in new and isinstance(old, optuna.distributions.CategoricalDistribution) and old != new[name]]
+    return []
