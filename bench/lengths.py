@@ -72,7 +72,7 @@ from scipy import special, stats  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.decide import truth_of  # noqa: E402  (the same judging as bench/decide.py)
+from bench.decide import budgets, questions, truth_of  # noqa: E402  (the same budgets and judging as bench/decide.py)
 from explorer.budget import Budget  # noqa: E402
 
 DATA = ROOT / "bench" / "data"
@@ -236,21 +236,6 @@ class Ladder:
         got = [self.values[i, s, j] for (k, s), e in self.runs.items() if k == key and
                (max(e) >= length if self.truth.wsd else length in e)]
         return float(np.mean(got)) if got else None
-
-
-def budgets(truth: Truth) -> list[int]:
-    return sorted({int(round(b)) for b in np.geomspace(min(truth.params.values()), max(truth.params.values()), 10)})
-
-
-def questions(truth: Truth) -> list[int]:
-    """One budget per distinct set of configurations within it (the smallest)."""
-    seen, out = set(), []
-    for b in budgets(truth):
-        inside = frozenset(k for k in truth.keys if truth.params[k] <= b)
-        if inside and inside not in seen:
-            seen.add(inside)
-            out.append(b)
-    return out
 
 
 def judge(truth: Truth, budget: int, pick: str, eps: float = float("nan"), decided: bool = False,

@@ -268,17 +268,23 @@ def in_task(cause: BaseException) -> RayTaskError:
 GONE = "Could not recover from checkpoint as it does not exist on storage anymore. Got storage fs type `local` and path: x"
 
 
-def test_a_restored_trial_whose_runs_fail_before_training_is_queued_again_with_its_attempts_counted(tmp_path: Path) -> None:
-    """Issue 44. The driver dies while a trial trains; the restored Tuner's runs of it all fail before training (its
-    snapshot named a Ray checkpoint that Ray deleted before writing the next), and Tune ends it with an error after
-    max_failures + 1 runs by its count. Before, that stored `gave up after 3 attempts ... its worker or node was lost`
-    and the configuration was lost. Its one attempt, the run the driver's death cut, is stored: a fault, queued again."""
+def one_trial_reported(tmp_path: Path) -> tuple:
+    """A study with its Tuner's searcher and scheduler, one trial suggested and its first epoch reported."""
     path = study_at(tmp_path, lambda: None, replicates={"policy": "fixed"}, budget={"epochs": 2, "seeds": 1})
     study = load_study_spec(path)
     study.open()  # created, as `explorer run` does before its Tuner starts
     bridge, tune_scheduler = tuner_of(study)
     config = bridge.suggest("a")
     bridge.on_trial_result("a", {"epoch": 1, "accuracy": 0.5, "iterations_since_restore": 1})
+    return path, study, bridge, tune_scheduler, config
+
+
+def test_a_restored_trial_whose_runs_fail_before_training_is_queued_again_with_its_attempts_counted(tmp_path: Path) -> None:
+    """Issue 44. The driver dies while a trial trains; the restored Tuner's runs of it all fail before training (its
+    snapshot named a Ray checkpoint that Ray deleted before writing the next), and Tune ends it with an error after
+    max_failures + 1 runs by its count. Before, that stored `gave up after 3 attempts ... its worker or node was lost`
+    and the configuration was lost. Its one attempt, the run the driver's death cut, is stored: a fault, queued again."""
+    path, study, bridge, tune_scheduler, config = one_trial_reported(tmp_path)
     bridge.save(str(tmp_path / "searcher.pkl"))
     bridge.link._beating.set()  # the driver dies
 
@@ -306,12 +312,7 @@ def test_a_restored_trial_whose_runs_fail_before_training_is_queued_again_with_i
 def test_a_trial_that_fails_in_training_on_every_run_gives_up_with_the_real_count_and_cause_across_a_restore(tmp_path: Path) -> None:
     """Its failed attempts are stored as they happen, so a restored driver counts on from the dead one's; the reason
     says how many runs failed in training and the last one's cause (before: `max_failures + 1`, and a guessed cause)."""
-    path = study_at(tmp_path, lambda: None, replicates={"policy": "fixed"}, budget={"epochs": 2, "seeds": 1})
-    study = load_study_spec(path)
-    study.open()  # created, as `explorer run` does before its Tuner starts
-    bridge, tune_scheduler = tuner_of(study)
-    config = bridge.suggest("a")
-    bridge.on_trial_result("a", {"epoch": 1, "accuracy": 0.5, "iterations_since_restore": 1})
+    path, study, bridge, tune_scheduler, config = one_trial_reported(tmp_path)
     tune_scheduler.on_trial_error(None, failed_run(tmp_path, config, ActorDiedError()))  # its worker died: Tune retries it
     bridge.on_trial_result("a", {"epoch": 1, "accuracy": 0.5, "iterations_since_restore": 1})
     bridge.save(str(tmp_path / "searcher.pkl"))
