@@ -240,7 +240,7 @@ def floor(rev: str, names: list[str], reps: int, cap: int, jobs: int) -> dict:
 def summary(entry: dict, truth: Truth, reps: int) -> tuple[float, float, float, float, float, float, float]:
     """(decided, false per decided, compute, regret, regret's 95% half-width over studies, eps coverage over all
     answers and over the decided ones: the share whose true regret is at most eps)."""
-    rows = np.array([r + [np.nan] * (4 - len(r)) for r in entry["rows"]], float).reshape(reps, -1, 4)
+    rows = np.array([list(r) + [np.nan] * (4 - len(r)) for r in entry["rows"]], float).reshape(reps, -1, 4)
     decided = rows[:, :, 0].mean()
     false = rows[:, :, 1].sum() / max(rows[:, :, 0].sum(), 1)
     per_study = rows[:, :, 2].mean(axis=1)

@@ -130,6 +130,11 @@ class NoiseModel:
             out = out + self.length_slope * (np.asarray(log_epochs, float) - self.length_centre)
         return np.exp(out)
 
+    def sd(self, metric: float, log_epochs: float | None = None) -> float:
+        """The sd of one run, in metric units, at a configuration whose mean metric is `metric` (explorer.pruning's allowance)."""
+        level = float(self.scale.latent([metric])[0])
+        return float(np.sqrt(self.prior_var(level, log_epochs)) * self.scale.slope(metric))
+
     def seed_cov(self, log_epochs: np.ndarray | None, n: int = 1) -> np.ndarray:
         """(rows, rows) the covariance of the seed effect between rows at `log_epochs` (None: one length, `n`
         rows): its variance at each length (read off the nearest measured length), `seed_corr` between lengths."""

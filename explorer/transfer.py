@@ -79,7 +79,8 @@ def order_held(short: Mapping[str, float], long: Mapping[str, float], params: Ma
     """
     keys = [k for k in short if k in long]
     sign = 1.0 if higher_is_better else -1.0
-    tau, p_value = stats.kendalltau([short[k] for k in keys], [long[k] for k in keys])
+    tau, p_value = (stats.kendalltau([short[k] for k in keys], [long[k] for k in keys]) if len(keys) > 1
+                    else (float("nan"), float("nan")))  # one configuration has no order (scipy would warn)
     used, picks_s, picks_l, held, gaps, floor = [], [], [], [], [], []
     for budget in budgets:
         inside = [k for k in keys if params[k] <= budget]

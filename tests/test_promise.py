@@ -129,8 +129,8 @@ def test_the_default_studys_250k_answer_is_not_decided_on_one_run_nor_without_th
     trials = pd.read_csv(Path(__file__).parent / "data" / "digits-vit-trade-69.csv")
     trials["rungs"] = trials["rungs"].map(lambda r: {int(k): v for k, v in json.loads(r).items()})
     study = load_study_spec(root / "studies" / "digits-vit-trade.yaml")
-    rec = for_study(study, trials, 250_000)
-    inside = for_study(study, trials, 203_082)  # the space's largest split: nothing past it fits
+    rec = for_study(study, trials, 250_000, epochs=20)  # that study's ladder was 10/20 epochs, answered at 20
+    inside = for_study(study, trials, 203_082, epochs=20)  # the space's largest split: nothing past it fits
     assert rec.key == inside.key == "layers=6,heads=8" and rec.answer.own == 1  # one 20-epoch run (plain mean 0.978)
     assert not rec.decided and not inside.decided
     assert "1 run of its own at this length, 2 needed" in inside.answer.words()[0]

@@ -77,7 +77,7 @@ def test_a_trial_given_a_gpu_never_trains_on_the_cpu_instead(gpu_cluster: Cluste
     ostudy = load_study_spec(path).read()
     assert ostudy.user_attrs["execution"] == "cuda bfloat16"
     (trial,) = ostudy.get_trials(states=(FAIL,))
-    assert re.match(r"gave up after 2 attempts on fresh Ray workers \(executor\.max_failures: 1\); the last: Ray assigned GPU \d on "
+    assert re.match(r"gave up after 2 failed attempts on fresh Ray workers \(executor\.max_failures: 1\); the last: Ray assigned GPU \d on "
                     r"node [\d.]+, but torch there sees no CUDA device \(CUDA_VISIBLE_DEVICES='\d'", trial.user_attrs["fail_reason"])
     assert "torch there sees no CUDA device" in trial.user_attrs["fault"] and "device" not in trial.user_attrs
     rows = [json.loads(line) for f in experiment_root(load_study_spec(path)).glob("*/*/result.json") for line in f.read_text().splitlines()]
