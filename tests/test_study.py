@@ -214,6 +214,12 @@ def test_changed_space_is_refused_unless_forced(tiny_study: Path) -> None:
     write_study(tiny_study.parent, space_doc=changed, n_trials=1)
     with pytest.raises(ExplorerError, match=r"another space \(free\.layers \[1, 2\] -> \[1, 2, 3\]\); rerun with --force"):
         load_study_spec(tiny_study).open()
+    with pytest.raises(ExplorerError, match=r"--force cannot continue this study: the new space changes the choices of"):
+        load_study_spec(tiny_study).open(force=True)  # Optuna would refuse the new configurations' parameter
+    kept = {**TINY_SPACE, "baseline": {"layers": 1, "heads": 1}}  # changed, its configurations the same
+    write_study(tiny_study.parent, space_doc=kept, n_trials=1)
+    with pytest.raises(ExplorerError, match=r"another space"):
+        load_study_spec(tiny_study).open()
     assert len(load_study_spec(tiny_study).open(force=True).get_trials(states=(COMPLETE,))) == 1
 
 
