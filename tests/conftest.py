@@ -175,3 +175,18 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(TORCH_THREADS)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def replicated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default space's 24 configurations at 2 to 4 seeds each (budget.seeds 4: some below the cap), one
+    failure, every budget decided: what test_cli_output and test_terminal read."""
+    from test_dashboard import fill_replicates
+
+    from explorer.study import load_study_spec
+
+    spec = tmp_path_factory.mktemp("replicated") / "rep.yaml"
+    space = Path(__file__).resolve().parents[1] / "spaces" / "vit-digits.yaml"
+    spec.write_text(f"name: rep\nspace: {space}\ntask: {{name: digits}}\nn_trials: 24\nbudget: {{epochs: 1, seeds: 4}}\n")
+    fill_replicates(load_study_spec(spec).open(create=True))
+    return spec

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from test_cli_output import logical
 from typer.testing import CliRunner
 
 from explorer.cli import app
@@ -22,17 +23,6 @@ runner = CliRunner()
 def flat(text: str) -> str:
     """Output with the wrapping undone: prose wraps at 80 columns, a long temp path on a line of its own."""
     return " ".join(text.split())
-
-
-def logical(text: str) -> list[str]:
-    """The lines a command said, each continuation (indented two more columns by the wrapping) joined back."""
-    out: list[str] = []
-    for line in text.splitlines():
-        if out and line.startswith("  ") and not out[-1].startswith("  "):
-            out[-1] += " " + line.strip()
-        else:
-            out.append(line)
-    return out
 
 
 def ok(*args: str) -> str:

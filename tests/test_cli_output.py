@@ -60,20 +60,6 @@ def logical(text: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def replicated(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The default space's 24 configurations at 2 to 4 seeds each, one failure: every budget decided."""
-    from test_dashboard import fill_replicates
-
-    from explorer.study import load_study_spec
-
-    spec = tmp_path_factory.mktemp("replicated") / "rep.yaml"
-    spec.write_text(f"name: rep\nspace: {ROOT / 'spaces' / 'vit-digits.yaml'}\ntask: {{name: digits}}\nn_trials: 24\n"
-                    "budget: {epochs: 1, seeds: 4}\n")
-    fill_replicates(load_study_spec(spec).open(create=True))
-    return spec
-
-
-@pytest.fixture(scope="module")
 def ladder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A grid study of 1 to 3 layers x 1 or 2 heads on a ladder of 1 and 2 epochs, 3 seeds each, stored as the
     decide policy leaves it with the one-layer splits measured at 1 epoch only; n_trials 3 of a grid of 6 leaves

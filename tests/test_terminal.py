@@ -29,20 +29,6 @@ QUICK = {"epochs": 1, "max_steps": 2, "batch_size": 64, "lr": 0.003, "seed": 0}
 RULE = re.compile(r"^[─━═\s]+$")
 
 
-@pytest.fixture(scope="module")
-def replicated(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The default space's 24 configurations at 2 to 4 seeds each (budget.seeds 4: some below the cap), one failure."""
-    from test_dashboard import fill_replicates
-
-    from explorer.study import load_study_spec
-
-    spec = tmp_path_factory.mktemp("replicated") / "rep.yaml"
-    spec.write_text(f"name: rep\nspace: {ROOT / 'spaces' / 'vit-digits.yaml'}\ntask: {{name: digits}}\nn_trials: 24\n"
-                    "budget: {epochs: 1, seeds: 4}\n")
-    fill_replicates(load_study_spec(spec).open(create=True))
-    return spec
-
-
 def rendered(frame: pd.DataFrame, layout: dict[str, Col], width: int) -> list[str]:
     con = Console(width=width, file=io.StringIO(), color_system=None)
     con.print(terminal.table(frame, layout, width))
